@@ -1,0 +1,443 @@
+"""The case and result formats: one strict pydantic module that is also the documentation.
+
+A case answers the method's four questions (what limits the kernel, which patterns it reuses, where
+its boundaries lie, where it transfers) as checkable data, and names the code that runs it.
+Every field has a description; the JSON Schema (`casebook schema`) and the site are built from them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+"""Current version of the case format. Older cases are migrated in memory; newer ones are refused."""
+
+RESULT_SCHEMA_VERSION = 1
+"""Current version of the result format."""
+
+IDENT = r"^[a-z][a-z0-9_]*$"
+MAX_DEVICE_BYTES = 192 * 2**30
+"""No shape may need more memory than this (larger than any device in the hardware registry)."""
+
+DTYPE_BYTES: dict[str, float] = {
+    "fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2,
+    "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "int32": 4, "int64": 8,
+}
+Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "int8", "int32", "int64"]
+
+Bottleneck = Literal["compute", "bandwidth", "launch", "layout"]
+Regime = Literal["compute", "bandwidth", "launch"]
+Pattern = Literal["tiling", "fusion", "online_reduction", "persistent", "specialization"]
+"""The closed list of reusable patterns. A new pattern is a schema change."""
+Backend = Literal["cuda", "cpu", "interpreter"]
+Level = Literal["kernel", "workload", "end_to_end"]
+
+
+class Strict(BaseModel):
+    """Base for every record: unknown fields are errors and nothing is coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+Ident = Annotated[str, Field(pattern=IDENT, max_length=64)]
+Text = Annotated[str, Field(min_length=1, max_length=20_000)]
+Dim = Annotated[StrictInt, Field(gt=0, le=2**40)]
+Shape = dict[Ident, Dim]
+"""A shape is a mapping from dimension name to a positive size, e.g. `{rows: 32768, cols: 4096}`."""
+
+
+# --- the four questions ----------------------------------------------------------------------
+
+
+class Stage(Strict):
+    """One stage of a mixed case (e.g. attention prefill vs decode), with its own limit."""
+
+    name: Ident = Field(description="Stage name, e.g. `prefill`, `decode`, `paged_kv`, `prefix_reuse`.")
+    kind: Bottleneck = Field(description="What limits this stage.")
+    reasoning: Text = Field(description="Why: this stage's arithmetic intensity against the ridge point.")
+
+
+class BottleneckClaim(Strict):
+    """Question 1: what limits the kernel, and why."""
+
+    kind: Bottleneck | Literal["mixed"] = Field(
+        description="compute, bandwidth, launch or layout; `mixed` when stages differ (then list them)."
+    )
+    reasoning: Text = Field(
+        description="The arithmetic intensity (FLOP/byte) against the machine's ridge point, in words and numbers."
+    )
+    arithmetic_intensity: float | None = Field(
+        default=None, ge=0, description="FLOP per byte at a typical shape, from the traffic model."
+    )
+    stages: list[Stage] = Field(
+        default_factory=list, description="For `mixed`: each stage and what limits it."
+    )
+
+    @model_validator(mode="after")
+    def _stages_iff_mixed(self) -> BottleneckClaim:
+        if self.kind == "mixed" and len(self.stages) < 2:
+            raise ValueError("a `mixed` bottleneck names at least two stages")
+        if self.kind != "mixed" and self.stages:
+            raise ValueError("stages are only for a `mixed` bottleneck")
+        return self
+
+
+class Boundary(Strict):
+    """Question 3: one axis along which the method holds, and where it stops holding."""
+
+    axis: Literal["shape", "dtype", "layout", "topology", "distribution"] = Field(
+        description="Which kind of boundary: shape, dtype, layout, topology (devices, links) or request distribution."
+    )
+    holds: Text = Field(description="Where the method holds along this axis.")
+    breaks: Text = Field(description="Where it stops holding, and what takes over.")
+
+
+class Topology(Strict):
+    """How many devices the case runs on and how they are linked (multi-device cases)."""
+
+    devices: Dim = Field(default=1, description="Number of devices the kernel spans.")
+    interconnect: Literal["none", "nvlink", "pcie", "infiniband", "ethernet"] = Field(
+        default="none", description="The link between devices."
+    )
+
+
+class Transfer(Strict):
+    """Question 4: an operator the method carries to, and why."""
+
+    operator: Text = Field(description="The operator the method transfers to, e.g. `layernorm`.")
+    why: Text = Field(description="What about the method carries over, and what must change.")
+    case: Ident | None = Field(default=None, description="Id of a case in the book showing it (must resolve).")
+
+
+# --- the code --------------------------------------------------------------------------------
+
+
+class Variant(Strict):
+    """One rung of the variant ladder."""
+
+    name: Ident = Field(description="Variant name, used in results and on the page.")
+    fn: Ident = Field(description="Function in the kernel module that runs this variant.")
+    note: Text = Field(description="One line: what this variant changes over the previous one.")
+    backends: list[Backend] = Field(
+        min_length=1,
+        description="Where it runs: `cuda` (GPU), `cpu` (timed on CPU), `interpreter` (Triton interpreter, checked on CPU, not timed).",
+    )
+    tolerance: float | None = Field(
+        default=None, gt=0, lt=1, description="Override of the per-dtype normwise relative error bound."
+    )
+
+
+class Kernel(Strict):
+    """The runnable code: a module inside `casebook.kernels`, named, never a file path."""
+
+    module: Ident = Field(description="Module name under `casebook/kernels/`, usually the case id.")
+    reference: Ident = Field(description="Float64 reference function: same inputs (upcast), returns the exact answer.")
+    inputs: Ident = Field(description="Input maker: `(shape, dtype, device, generator) -> dict of tensors`.")
+    traffic: Ident = Field(description="Traffic model: `(shape, dtype) -> Traffic` (FLOPs and bytes, term by term).")
+    tensors: dict[Ident, list[Ident]] = Field(
+        min_length=1,
+        description="Every tensor the kernel reads or writes, as its dimension names, e.g. `x: [rows, cols]` (row-major).",
+    )
+    variants: list[Variant] = Field(min_length=1, description="The variant ladder, simplest first.")
+    baseline: Ident = Field(description="Name of the variant every speedup is measured against.")
+
+    @model_validator(mode="after")
+    def _variants(self) -> Kernel:
+        names = [v.name for v in self.variants]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"variant names repeat: {', '.join(sorted(dup))}")
+        if self.baseline not in names:
+            raise ValueError(f"baseline {self.baseline!r} is not a variant (have: {', '.join(names)})")
+        return self
+
+
+# --- the three levels ------------------------------------------------------------------------
+
+
+class KernelLevel(Strict):
+    """Level 1: the single-kernel limit at fixed shapes."""
+
+    shapes: list[Shape] = Field(min_length=1, description="Shapes timed on a GPU.")
+    dtypes: list[Dtype] = Field(min_length=1, description="Dtypes timed at every shape.")
+    cpu_shapes: list[Shape] = Field(
+        min_length=1, description="Small shapes used on a CPU-only machine (timing and interpreter checks)."
+    )
+    cache: Literal["cold", "warm"] = Field(
+        default="cold", description="`cold`: L2 flushed before each repetition; `warm`: data may sit in cache."
+    )
+    graph: bool = Field(default=False, description="Time by CUDA-graph replay (for launch-bound kernels).")
+
+
+class WeightedShape(Strict):
+    """One shape of the real distribution, with its weight and where it comes from."""
+
+    shape: Shape = Field(description="The shape.")
+    weight: Annotated[float, Field(gt=0)] = Field(description="Relative weight (normalised over the list).")
+    source: Text = Field(description="Where this weight comes from (a model config, a trace, a paper).")
+
+
+class WorkloadLevel(Strict):
+    """Level 2: a stable gain under the real distribution of shapes."""
+
+    description: Text = Field(description="What workload this is (e.g. attention rows in LLM serving).")
+    dtype: Dtype = Field(description="The dtype the workload runs in.")
+    shapes: list[WeightedShape] = Field(min_length=1, description="Weighted shapes, each with its source.")
+    cpu_shapes: list[WeightedShape] = Field(
+        min_length=1, description="A scaled-down stand-in for a CPU-only machine."
+    )
+
+
+class EndToEndLevel(Strict):
+    """Level 3: the larger computation the kernel sits in, with the baseline and the variant swapped in."""
+
+    description: Text = Field(description="The scenario, e.g. a non-flash attention block (QK^T, softmax, PV).")
+    scenario: Ident = Field(description="Function `(kernel, **inputs) -> Tensor` that runs the whole computation, calling `kernel` for the stage.")
+    inputs: Ident = Field(description="Input maker for the scenario: `(shape, dtype, device, generator) -> dict`.")
+    shape: Shape = Field(description="The scenario's shape on a GPU.")
+    cpu_shape: Shape = Field(description="A small stand-in for a CPU-only machine.")
+    dtype: Dtype = Field(description="The scenario's dtype.")
+    baseline: Ident = Field(description="Variant used by the baseline scenario.")
+    variant: Ident = Field(description="Variant swapped in.")
+
+
+class Levels(Strict):
+    """The three benchmark levels."""
+
+    kernel: KernelLevel = Field(description="Level 1: the single-kernel limit.")
+    workload: WorkloadLevel = Field(description="Level 2: the real shape distribution.")
+    end_to_end: EndToEndLevel = Field(description="Level 3: the end-to-end effect.")
+
+
+# --- claims ----------------------------------------------------------------------------------
+
+
+class Where(Strict):
+    """Which level-1 points a claim is about; unset fields match everything."""
+
+    dtypes: list[Dtype] | None = Field(default=None, description="Only these dtypes.")
+    shapes: list[Shape] | None = Field(default=None, description="Only these shapes.")
+
+
+class _Claim(Strict):
+    text: Text = Field(description="The claim in words, as shown on the page.")
+    hardware: list[Ident] | None = Field(
+        default=None,
+        description="Hardware slugs where the claim applies (e.g. `nvidia-h200`); elsewhere it is reported as not applicable. Unset: everywhere.",
+    )
+
+
+class RegimeClaim(_Claim):
+    """The variant sits in this regime at the selected level-1 points."""
+
+    kind: Literal["regime"]
+    variant: Ident
+    regime: Regime
+    where: Where = Field(default_factory=Where)
+
+
+class RoofClaim(_Claim):
+    """The variant reaches at least this fraction of the roof at the selected level-1 points."""
+
+    kind: Literal["roof_fraction"]
+    variant: Ident
+    at_least: Annotated[float, Field(gt=0, le=1)]
+    where: Where = Field(default_factory=Where)
+
+
+class ThroughputClaim(_Claim):
+    """The variant reaches at least this throughput at the selected level-1 points."""
+
+    kind: Literal["throughput"]
+    variant: Ident
+    at_least_gbps: Annotated[float, Field(gt=0)] | None = None
+    at_least_tflops: Annotated[float, Field(gt=0)] | None = None
+    where: Where = Field(default_factory=Where)
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> ThroughputClaim:
+        if (self.at_least_gbps is None) == (self.at_least_tflops is None):
+            raise ValueError("give exactly one of at_least_gbps, at_least_tflops")
+        return self
+
+
+class SpeedupClaim(_Claim):
+    """`variant` is at least `at_least` times faster than `over` at a level."""
+
+    kind: Literal["speedup"]
+    variant: Ident
+    over: Ident
+    at_least: Annotated[float, Field(gt=0)]
+    level: Level = Field(description="kernel: every selected level-1 point; workload: weighted geomean (or worst shape); end_to_end: the scenario.")
+    statistic: Literal["each", "geomean", "worst"] = Field(
+        default="each", description="each: every point; geomean: weighted geometric mean; worst: the worst shape."
+    )
+    where: Where = Field(default_factory=Where)
+
+
+Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, SpeedupClaim], Field(discriminator="kind")]
+
+
+# --- the case --------------------------------------------------------------------------------
+
+
+class Reference(Strict):
+    title: Text
+    url: Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2000)] | None = None
+
+
+class WriteUp(Strict):
+    """Question 7 of the seed: why the end-to-end gain differs from the kernel gain."""
+
+    gap: Text = Field(description="Why the end-to-end gain is smaller (or larger) than the kernel gain.")
+    remaining_bottleneck: Text = Field(description="What limits the end-to-end computation once the kernel is fast.")
+    notes: str = Field(default="", max_length=50_000, description="Longer discussion (Markdown).")
+    references: list[Reference] = Field(default_factory=list, description="Papers, docs, code.")
+
+
+class Case(Strict):
+    """A case study: the four questions, the code, the three benchmark levels, the claims, the write-up."""
+
+    schema_version: StrictInt = Field(ge=1, description="Version of this format the file was written for.")
+    id: Ident = Field(description="Equal to the file stem.")
+    title: Text = Field(description="Short title.")
+    operator: Ident = Field(description="The operator, e.g. `softmax`, `gemm`, `attention`.")
+    summary: Text = Field(description="Two or three sentences: the problem and the method.")
+    tags: list[Ident] = Field(default_factory=list, description="Free tags for faceted browsing.")
+    bottleneck: BottleneckClaim = Field(description="Q1: what limits the kernel.")
+    patterns: list[Pattern] = Field(min_length=1, description="Q2: the reusable patterns applied.")
+    boundaries: list[Boundary] = Field(min_length=1, description="Q3: where the method holds and where it stops.")
+    topology: Topology = Field(default_factory=Topology, description="Devices and links (multi-device cases).")
+    transfers: list[Transfer] = Field(min_length=1, description="Q4: operators the method carries to.")
+    kernel: Kernel = Field(description="The runnable code.")
+    levels: Levels = Field(description="The three benchmark levels.")
+    claims: list[Claim] = Field(default_factory=list, description="What the run checks against its measurements.")
+    writeup: WriteUp = Field(description="The end-to-end story and references.")
+
+    @field_validator("patterns")
+    @classmethod
+    def _unique_patterns(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("patterns repeat")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Case:
+        variants = {v.name for v in self.kernel.variants}
+        dims = {d for dims in self.kernel.tensors.values() for d in dims}
+
+        def need_variant(name: str, where: str) -> None:
+            if name not in variants:
+                raise ValueError(f"{where}: {name!r} is not a variant (have: {', '.join(sorted(variants))})")
+
+        def need_shape(shape: dict[str, int], where: str) -> None:
+            if set(shape) != dims:
+                raise ValueError(f"{where}: shape keys {sorted(shape)} differ from the tensors' dimensions {sorted(dims)}")
+            total = sum(_numel(t, shape) for t in self.kernel.tensors.values())
+            if total * 8 > MAX_DEVICE_BYTES:  # the widest dtype any case may use
+                raise ValueError(f"{where}: tensors at {shape} need {total * 8 / 2**30:.0f} GiB, more than any device")
+
+        lv = self.levels
+        for i, s in enumerate(lv.kernel.shapes):
+            need_shape(s, f"levels.kernel.shapes.{i}")
+        for i, s in enumerate(lv.kernel.cpu_shapes):
+            need_shape(s, f"levels.kernel.cpu_shapes.{i}")
+        for i, w in enumerate(lv.workload.shapes):
+            need_shape(w.shape, f"levels.workload.shapes.{i}")
+        for i, w in enumerate(lv.workload.cpu_shapes):
+            need_shape(w.shape, f"levels.workload.cpu_shapes.{i}")
+        need_variant(lv.end_to_end.baseline, "levels.end_to_end.baseline")
+        need_variant(lv.end_to_end.variant, "levels.end_to_end.variant")
+        for i, c in enumerate(self.claims):
+            need_variant(c.variant, f"claims.{i}.variant")
+            if isinstance(c, SpeedupClaim):
+                need_variant(c.over, f"claims.{i}.over")
+        return self
+
+
+def _numel(dims: list[str], shape: dict[str, int]) -> int:
+    n = 1
+    for d in dims:
+        n *= shape[d]
+    return n
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+class Open(BaseModel):
+    """Base for result records: written by casebook, read back leniently across minor additions."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Point(Open):
+    """One level-1 (or level-2) measurement of one variant at one shape and dtype."""
+
+    variant: str
+    shape: dict[str, int]
+    dtype: str
+    status: Literal["ok", "failed", "crashed", "timeout", "checked", "skipped"] = Field(
+        description="ok: checked and timed; failed: wrong answer; crashed/timeout: contained; checked: correct, not timed here; skipped: backend absent."
+    )
+    correct: bool | None = None
+    max_rel_err: float | None = None
+    median_us: float | None = None
+    p10_us: float | None = None
+    p90_us: float | None = None
+    cv: float | None = None
+    repetitions: int | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    arithmetic_intensity: float | None = None
+    floor_us: float | None = None
+    roof_fraction: float | None = None
+    regime: Regime | None = None
+    speedup: float | None = Field(default=None, description="Baseline median over this median.")
+    error: str | None = None
+
+
+class ClaimOutcome(Open):
+    text: str
+    kind: str
+    held: bool | None = Field(description="True held, False failed, None not applicable on this hardware.")
+    detail: str
+
+
+class Result(Open):
+    """What one `casebook run` measured, with everything needed to trust and reproduce it."""
+
+    schema_version: int
+    case_id: str
+    case_sha256: str
+    kernel_sha256: str
+    hardware: dict[str, Any]
+    environment: dict[str, Any]
+    protocol: dict[str, Any]
+    variants: list[dict[str, Any]]
+    kernel_level: list[Point]
+    workload_level: dict[str, Any]
+    end_to_end: dict[str, Any]
+    counters: list[dict[str, Any]] = Field(default_factory=list)
+    claims: list[ClaimOutcome]
+    started_at: str
+    finished_at: str
+    command: str
+
+
+def dtype_bytes(dtype: str) -> float:
+    return DTYPE_BYTES[dtype]
+
+
+def shape_label(shape: dict[str, int]) -> str:
+    """`{rows: 32768, cols: 4096}` -> `32768x4096`."""
+    return "x".join(str(v) for v in shape.values())
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

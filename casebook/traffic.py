@@ -1,0 +1,33 @@
+"""The traffic model: FLOPs and bytes a kernel must move, term by term, next to the code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Term:
+    """One line of the model: what it is, the bytes it moves through device memory, the FLOPs it does."""
+
+    name: str
+    bytes: float = 0.0
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The fewest bytes and FLOPs a kernel must do at one shape: the roofline's floor."""
+
+    terms: list[Term] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> float:
+        return sum(t.bytes for t in self.terms)
+
+    @property
+    def flops(self) -> float:
+        return sum(t.flops for t in self.terms)
+
+    def as_dict(self) -> dict:
+        return {"bytes": self.bytes, "flops": self.flops,
+                "terms": [{"name": t.name, "bytes": t.bytes, "flops": t.flops} for t in self.terms]}
