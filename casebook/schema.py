@@ -43,6 +43,7 @@ class Strict(BaseModel):
 
 
 Ident = Annotated[str, Field(pattern=IDENT, max_length=64)]
+HardwareSlug = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
 Text = Annotated[str, Field(min_length=1, max_length=20_000)]
 Dim = Annotated[StrictInt, Field(gt=0, le=2**40)]
 Shape = dict[Ident, Dim]
@@ -224,7 +225,7 @@ class Where(Strict):
 
 class _Claim(Strict):
     text: Text = Field(description="The claim in words, as shown on the page.")
-    hardware: list[Ident] | None = Field(
+    hardware: list[HardwareSlug] | None = Field(
         default=None,
         description="Hardware slugs where the claim applies (e.g. `nvidia-h200`); elsewhere it is reported as not applicable. Unset: everywhere.",
     )

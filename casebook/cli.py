@@ -1,0 +1,123 @@
+"""The command line, in workflow order. Each command is a few lines that call the library.
+
+Nothing heavy is imported at module level: `casebook --help` must not import torch or triton.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    help="casebook: GPU operator-optimisation case studies whose entries run.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+CASES_DIR = Path("cases")
+
+
+@app.command()
+def new(name: Annotated[str, typer.Argument(help="Case id: lower_snake_case.")]) -> None:
+    """Scaffold a case YAML and a kernel module that validate and run on CPU out of the box."""
+    from casebook.commands import new as impl
+
+    raise typer.Exit(impl.main(name))
+
+
+@app.command()
+def validate(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Case files or folders (default: cases/).")] = None,
+    strict: Annotated[bool, typer.Option(help="Also what a reviewer would reject: stale or missing results, CPU check path.")] = False,
+) -> None:
+    """Validate cases: schema, file:line errors, cross-case links, kernel names (never executed)."""
+    from casebook.commands import validate as impl
+
+    raise typer.Exit(impl.main(paths or [CASES_DIR], strict=strict))
+
+
+@app.command("check")
+def check(
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Case files or folders (default: cases/).")] = None,
+) -> None:
+    """Everything a reviewer would reject, before you push (validate --strict)."""
+    from casebook.commands import validate as impl
+
+    raise typer.Exit(impl.main(paths or [CASES_DIR], strict=True))
+
+
+@app.command("list")
+def list_cases(
+    pattern: Annotated[Optional[str], typer.Option(help="Only cases that apply this pattern.")] = None,
+    bottleneck: Annotated[Optional[str], typer.Option(help="Only cases with this bottleneck.")] = None,
+    operator: Annotated[Optional[str], typer.Option(help="Only cases of this operator.")] = None,
+) -> None:
+    """A table of the cases: operator, bottleneck, patterns."""
+    from casebook.commands import list as impl
+
+    raise typer.Exit(impl.main(CASES_DIR, pattern=pattern, bottleneck=bottleneck, operator=operator))
+
+
+@app.command()
+def schema(
+    out: Annotated[Optional[Path], typer.Option(help="Write here instead of standard output.")] = None,
+) -> None:
+    """Write the JSON Schema of the case format (for editors' yaml-language-server)."""
+    from casebook.commands import schema as impl
+
+    raise typer.Exit(impl.main(out))
+
+
+@app.command()
+def hardware(
+    remeasure: Annotated[bool, typer.Option(help="Measure the ceilings again instead of using the cache.")] = False,
+) -> None:
+    """Measured ceilings of this machine beside its datasheet peaks."""
+    from casebook.commands import hardware as impl
+
+    raise typer.Exit(impl.main(remeasure=remeasure))
+
+
+@app.command()
+def run(
+    case: Annotated[Path, typer.Argument(help="The case YAML.")],
+    variant: Annotated[Optional[list[str]], typer.Option(help="Only these variants (repeatable).")] = None,
+    quick: Annotated[bool, typer.Option(help="Fewer repetitions: a smoke run, not a result to publish.")] = False,
+    counters: Annotated[bool, typer.Option(help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result document.")] = False,
+    results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
+    timeout: Annotated[float, typer.Option(help="Seconds each variant's child process may run.")] = 600.0,
+) -> None:
+    """Check, time, place on the roofline and store one case, at the three levels."""
+    from casebook.commands import run as impl
+
+    raise typer.Exit(impl.main(case, variants=variant, quick=quick, counters=counters, json_out=json_out,
+                               results_dir=results, timeout=timeout))
+
+
+@app.command()
+def build(
+    out: Annotated[Path, typer.Option(help="Where the site is written.")] = Path("site"),
+    strict: Annotated[bool, typer.Option(help="mkdocs --strict: broken links fail the build.")] = True,
+) -> None:
+    """Render all cases and stored results into the mkdocs-material site."""
+    from casebook.commands import build as impl
+
+    raise typer.Exit(impl.main(out, strict=strict))
+
+
+@app.command()
+def serve(
+    port: Annotated[int, typer.Option(help="Port on localhost.")] = 8000,
+) -> None:
+    """Build and preview the site on localhost."""
+    from casebook.commands import build as impl
+
+    raise typer.Exit(impl.serve(port))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""One module per CLI command: each parses nothing, calls the library, prints, returns an exit code."""
