@@ -1,0 +1,89 @@
+"""The roofline with three roofs: time >= max(FLOPs / peak, bytes / bandwidth, launches x launch cost).
+
+Pure arithmetic on measured ceilings; nothing here touches a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+PHYSICS_MARGIN = 0.05
+"""A time may beat the floor by this much (ceiling measurement noise) plus its own spread, no more."""
+
+
+class FasterThanPhysics(ValueError):
+    """A measured time under the roofline floor: the byte or FLOP model, or the timing, is wrong."""
+
+
+@dataclass(frozen=True)
+class Roofs:
+    """The ceilings a point is held to, in the units they are measured in."""
+
+    compute_tflops: float
+    bandwidth_gbps: float
+    launch_us: float
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOP per byte at which the compute and bandwidth roofs meet."""
+        return self.compute_tflops * 1e12 / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one measurement sits under the roofs."""
+
+    arithmetic_intensity: float
+    compute_floor_us: float
+    bandwidth_floor_us: float
+    launch_floor_us: float
+    floor_us: float
+    attainable_tflops: float
+    roof_fraction: float
+    regime: str
+    gbps: float
+    tflops: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def floors_us(flops: float, bytes_moved: float, launches: float, roofs: Roofs) -> dict[str, float]:
+    """The three lower bounds on time, in microseconds."""
+    return {
+        "compute": flops / (roofs.compute_tflops * 1e12) * 1e6,
+        "bandwidth": bytes_moved / (roofs.bandwidth_gbps * 1e9) * 1e6,
+        "launch": launches * roofs.launch_us,
+    }
+
+
+def place(flops: float, bytes_moved: float, launches: float, median_us: float, roofs: Roofs,
+          spread: float = 0.0) -> Placement:
+    """Place a measured median on the roofline; refuse a time that beats physics.
+
+    Args:
+        spread: the measurement's own relative spread (e.g. (p90 - p10) / median), widening the gate.
+    """
+    if median_us <= 0:
+        raise ValueError(f"median must be positive, got {median_us}")
+    f = floors_us(flops, bytes_moved, launches, roofs)
+    regime = max(f, key=f.get)
+    floor = f[regime]
+    if median_us < floor * (1 - PHYSICS_MARGIN - spread):
+        raise FasterThanPhysics(
+            f"faster than physics: {median_us:.2f} us is under the {regime} floor of {floor:.2f} us "
+            f"({flops:.3g} FLOP, {bytes_moved:.3g} B, {launches:g} launches): "
+            "the byte or FLOP model, or the timing, is wrong"
+        )
+    return Placement(
+        arithmetic_intensity=flops / bytes_moved if bytes_moved else float("inf"),
+        compute_floor_us=f["compute"],
+        bandwidth_floor_us=f["bandwidth"],
+        launch_floor_us=f["launch"],
+        floor_us=floor,
+        attainable_tflops=flops / floor / 1e6 if floor else 0.0,
+        roof_fraction=floor / median_us,
+        regime=regime,
+        gbps=bytes_moved / median_us / 1e3,
+        tflops=flops / median_us / 1e6,
+    )
