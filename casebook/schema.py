@@ -64,7 +64,7 @@ class Stage(Strict):
 class BottleneckClaim(Strict):
     """Question 1: what limits the kernel, and why."""
 
-    kind: Bottleneck | Literal["mixed"] = Field(
+    kind: Literal[Bottleneck, "mixed"] = Field(
         description="compute, bandwidth, launch or layout; `mixed` when stages differ (then list them)."
     )
     reasoning: Text = Field(
@@ -80,9 +80,9 @@ class BottleneckClaim(Strict):
     @model_validator(mode="after")
     def _stages_iff_mixed(self) -> BottleneckClaim:
         if self.kind == "mixed" and len(self.stages) < 2:
-            raise ValueError("a `mixed` bottleneck names at least two stages")
+            raise ValueError("stages: a `mixed` bottleneck names at least two stages")
         if self.kind != "mixed" and self.stages:
-            raise ValueError("stages are only for a `mixed` bottleneck")
+            raise ValueError("stages: stages are only for a `mixed` bottleneck")
         return self
 
 
@@ -150,9 +150,9 @@ class Kernel(Strict):
         names = [v.name for v in self.variants]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ValueError(f"variant names repeat: {', '.join(sorted(dup))}")
+            raise ValueError(f"variants: variant names repeat: {', '.join(sorted(dup))}")
         if self.baseline not in names:
-            raise ValueError(f"baseline {self.baseline!r} is not a variant (have: {', '.join(names)})")
+            raise ValueError(f"baseline: {self.baseline!r} is not a variant (have: {', '.join(names)})")
         return self
 
 
@@ -224,6 +224,8 @@ class Where(Strict):
 
 
 class _Claim(Strict):
+    """Fields every claim has."""
+
     text: Text = Field(description="The claim in words, as shown on the page.")
     hardware: list[HardwareSlug] | None = Field(
         default=None,
@@ -234,29 +236,33 @@ class _Claim(Strict):
 class RegimeClaim(_Claim):
     """The variant sits in this regime at the selected level-1 points."""
 
-    kind: Literal["regime"]
-    variant: Ident
-    regime: Regime
-    where: Where = Field(default_factory=Where)
+    kind: Literal["regime"] = Field(description="`regime`.")
+    variant: Ident = Field(description="The variant the claim is about.")
+    regime: Regime = Field(description="compute, bandwidth or launch: where the measured point sits on the roofline.")
+    where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
 
 
 class RoofClaim(_Claim):
     """The variant reaches at least this fraction of the roof at the selected level-1 points."""
 
-    kind: Literal["roof_fraction"]
-    variant: Ident
-    at_least: Annotated[float, Field(gt=0, le=1)]
-    where: Where = Field(default_factory=Where)
+    kind: Literal["roof_fraction"] = Field(description="`roof_fraction`.")
+    variant: Ident = Field(description="The variant the claim is about.")
+    at_least: Annotated[float, Field(gt=0, le=1)] = Field(description="Least fraction of the attainable roof (0-1].")
+    where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
 
 
 class ThroughputClaim(_Claim):
     """The variant reaches at least this throughput at the selected level-1 points."""
 
-    kind: Literal["throughput"]
-    variant: Ident
-    at_least_gbps: Annotated[float, Field(gt=0)] | None = None
-    at_least_tflops: Annotated[float, Field(gt=0)] | None = None
-    where: Where = Field(default_factory=Where)
+    kind: Literal["throughput"] = Field(description="`throughput`.")
+    variant: Ident = Field(description="The variant the claim is about.")
+    at_least_gbps: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="Least bandwidth in GB/s (bytes from the traffic model over the median time)."
+    )
+    at_least_tflops: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="Least compute throughput in TFLOP/s (FLOPs from the traffic model over the median time)."
+    )
+    where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
 
     @model_validator(mode="after")
     def _one_unit(self) -> ThroughputClaim:
@@ -268,15 +274,15 @@ class ThroughputClaim(_Claim):
 class SpeedupClaim(_Claim):
     """`variant` is at least `at_least` times faster than `over` at a level."""
 
-    kind: Literal["speedup"]
-    variant: Ident
-    over: Ident
-    at_least: Annotated[float, Field(gt=0)]
+    kind: Literal["speedup"] = Field(description="`speedup`.")
+    variant: Ident = Field(description="The faster variant.")
+    over: Ident = Field(description="The variant it is compared with.")
+    at_least: Annotated[float, Field(gt=0)] = Field(description="Least speedup: time of `over` divided by time of `variant`.")
     level: Level = Field(description="kernel: every selected level-1 point; workload: weighted geomean (or worst shape); end_to_end: the scenario.")
     statistic: Literal["each", "geomean", "worst"] = Field(
         default="each", description="each: every point; geomean: weighted geometric mean; worst: the worst shape."
     )
-    where: Where = Field(default_factory=Where)
+    where: Where = Field(default_factory=Where, description="Which level-1 points (level `kernel` only); unset: all.")
 
 
 Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, SpeedupClaim], Field(discriminator="kind")]
@@ -286,8 +292,12 @@ Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, SpeedupClaim], 
 
 
 class Reference(Strict):
-    title: Text
-    url: Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2000)] | None = None
+    """A paper, document or piece of code the write-up draws on."""
+
+    title: Text = Field(description="Authors, title and year, or the name of the document.")
+    url: Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2000)] | None = Field(
+        default=None, description="Where to read it (http or https)."
+    )
 
 
 class WriteUp(Strict):
@@ -378,57 +388,59 @@ class Open(BaseModel):
 class Point(Open):
     """One level-1 (or level-2) measurement of one variant at one shape and dtype."""
 
-    variant: str
-    shape: dict[str, int]
-    dtype: str
+    variant: str = Field(description="Variant name.")
+    shape: dict[str, int] = Field(description="The shape measured.")
+    dtype: str = Field(description="The dtype measured.")
     status: Literal["ok", "failed", "crashed", "timeout", "checked", "skipped"] = Field(
         description="ok: checked and timed; failed: wrong answer; crashed/timeout: contained; checked: correct, not timed here; skipped: backend absent."
     )
-    correct: bool | None = None
-    max_rel_err: float | None = None
-    median_us: float | None = None
-    p10_us: float | None = None
-    p90_us: float | None = None
-    cv: float | None = None
-    repetitions: int | None = None
-    flops: float | None = None
-    bytes: float | None = None
-    gbps: float | None = None
-    tflops: float | None = None
-    arithmetic_intensity: float | None = None
-    floor_us: float | None = None
-    roof_fraction: float | None = None
-    regime: Regime | None = None
+    correct: bool | None = Field(default=None, description="Whether the output matched the float64 reference.")
+    max_rel_err: float | None = Field(default=None, description="Largest normwise relative error over the checks.")
+    median_us: float | None = Field(default=None, description="Median time per call, microseconds.")
+    p10_us: float | None = Field(default=None, description="10th percentile time per call, microseconds.")
+    p90_us: float | None = Field(default=None, description="90th percentile time per call, microseconds.")
+    cv: float | None = Field(default=None, description="Coefficient of variation of the timings (std / mean).")
+    repetitions: int | None = Field(default=None, description="Timed repetitions.")
+    flops: float | None = Field(default=None, description="FLOPs from the traffic model.")
+    bytes: float | None = Field(default=None, description="Bytes moved, from the traffic model.")
+    gbps: float | None = Field(default=None, description="Achieved bandwidth: bytes over the median time, GB/s.")
+    tflops: float | None = Field(default=None, description="Achieved throughput: FLOPs over the median time, TFLOP/s.")
+    arithmetic_intensity: float | None = Field(default=None, description="FLOPs per byte, from the traffic model.")
+    floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, microseconds.")
+    roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof reached.")
+    regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or launch.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
-    error: str | None = None
+    error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
 
 
 class ClaimOutcome(Open):
-    text: str
-    kind: str
+    """One claim checked against the measurements."""
+
+    text: str = Field(description="The claim in words.")
+    kind: str = Field(description="The claim's kind: regime, roof_fraction, throughput or speedup.")
     held: bool | None = Field(description="True held, False failed, None not applicable on this hardware.")
-    detail: str
+    detail: str = Field(description="The numbers behind the verdict.")
 
 
 class Result(Open):
     """What one `casebook run` measured, with everything needed to trust and reproduce it."""
 
-    schema_version: int
-    case_id: str
-    case_sha256: str
-    kernel_sha256: str
-    hardware: dict[str, Any]
-    environment: dict[str, Any]
-    protocol: dict[str, Any]
-    variants: list[dict[str, Any]]
-    kernel_level: list[Point]
-    workload_level: dict[str, Any]
-    end_to_end: dict[str, Any]
-    counters: list[dict[str, Any]] = Field(default_factory=list)
-    claims: list[ClaimOutcome]
-    started_at: str
-    finished_at: str
-    command: str
+    schema_version: int = Field(description="Version of the result format.")
+    case_id: str = Field(description="The case measured.")
+    case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
+    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes when it was run.")
+    hardware: dict[str, Any] = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
+    environment: dict[str, Any] = Field(description="Versions, driver, clocks: what a reproduction needs.")
+    protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, tolerances.")
+    variants: list[dict[str, Any]] = Field(description="Each variant's outcome on this machine.")
+    kernel_level: list[Point] = Field(description="Level 1: every variant at every shape and dtype.")
+    workload_level: dict[str, Any] = Field(description="Level 2: the weighted shape distribution and its summary.")
+    end_to_end: dict[str, Any] = Field(description="Level 3: the scenario with the baseline and the variant.")
+    counters: list[dict[str, Any]] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if asked.")
+    claims: list[ClaimOutcome] = Field(description="Each claim and whether it held.")
+    started_at: str = Field(description="UTC start time, ISO 8601.")
+    finished_at: str = Field(description="UTC finish time, ISO 8601.")
+    command: str = Field(description="The command that produced this result.")
 
 
 def dtype_bytes(dtype: str) -> float:
