@@ -171,6 +171,9 @@ class KernelLevel(Strict):
         default="cold", description="`cold`: L2 flushed before each repetition; `warm`: data may sit in cache."
     )
     graph: bool = Field(default=False, description="Time by CUDA-graph replay (for launch-bound kernels).")
+    counters_shape: Shape | None = Field(
+        default=None, description="Level-1 shape at which `run --counters` reads DRAM bytes (default: the largest)."
+    )
 
 
 class WeightedShape(Strict):
@@ -356,6 +359,8 @@ class Case(Strict):
             need_shape(s, f"levels.kernel.shapes.{i}")
         for i, s in enumerate(lv.kernel.cpu_shapes):
             need_shape(s, f"levels.kernel.cpu_shapes.{i}")
+        if lv.kernel.counters_shape is not None:
+            need_shape(lv.kernel.counters_shape, "levels.kernel.counters_shape")
         for i, w in enumerate(lv.workload.shapes):
             need_shape(w.shape, f"levels.workload.shapes.{i}")
         for i, w in enumerate(lv.workload.cpu_shapes):

@@ -118,7 +118,7 @@ def triton_onepass(x: torch.Tensor) -> torch.Tensor:
     """One read and one write, for rows up to MAX_ONEPASS columns."""
     n_rows, n_cols = x.shape
     if n_cols > MAX_ONEPASS:
-        raise ValueError(f"triton_onepass holds at most {MAX_ONEPASS} columns on chip; got {n_cols}")
+        raise NotImplementedError(f"triton_onepass holds at most {MAX_ONEPASS} columns on chip; got {n_cols}")
     x = x.contiguous()
     y = torch.empty_like(x)
     rows, block, num_warps = _onepass_config(n_cols)

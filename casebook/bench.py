@@ -1,0 +1,186 @@
+"""Timing, done the way the seed's microbenchmark norms ask.
+
+First call (JIT, autotune, compile) timed apart; warm-up until steady; L2 flushed before every
+repetition unless the case asks for a warm cache; device events on a GPU, a monotonic clock on a CPU;
+repetitions until the median is stable or the time cap is hit; median, p10, p90 and CV kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from casebook.stats import Summary, median_stable, summarize
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a point is timed. Stored with every result."""
+
+    cache: str = "cold"
+    graph: bool = False
+    warmup_ms: float = 25.0
+    min_reps: int = 10
+    max_reps: int = 2000
+    target_rse: float = 0.005
+    time_cap_s: float = 2.0
+    statistic: str = "median"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+QUICK = Protocol(warmup_ms=5.0, min_reps=5, max_reps=50, target_rse=0.02, time_cap_s=0.3)
+
+
+@dataclass(frozen=True)
+class Timing:
+    summary: Summary
+    first_call_s: float
+    timer: str
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class _L2Flusher:
+    """Writes a buffer twice the L2 size, evicting whatever the last repetition left there."""
+
+    def __init__(self) -> None:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20) or 64 * 2**20
+        self.buffer = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        self.bytes = self.buffer.numel() * 4
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+_flusher: _L2Flusher | None = None
+
+
+def l2_flush_bytes() -> int:
+    return _get_flusher().bytes
+
+
+def _get_flusher() -> _L2Flusher:
+    global _flusher
+    if _flusher is None:
+        _flusher = _L2Flusher()
+    return _flusher
+
+
+def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol()) -> Timing:
+    """Time `fn()` (which launches the work) on `device`: 'cuda' or 'cpu'."""
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    first_call_s = time.perf_counter() - t0
+
+    deadline = time.perf_counter() + protocol.warmup_ms / 1e3
+    calls = 0
+    while calls < 2 or time.perf_counter() < deadline:
+        fn()
+        _sync(device)
+        calls += 1
+
+    if device == "cuda":
+        sample, timer = (_cuda_graph_sampler(fn) if protocol.graph else _cuda_sampler(fn, protocol.cache == "cold"),
+                         "cuda graph replay" if protocol.graph else "cuda events")
+    else:
+        sample, timer = _cpu_sampler(fn), "time.perf_counter_ns"
+
+    times: list[float] = []
+    cap = time.perf_counter() + protocol.time_cap_s
+    batch = protocol.min_reps
+    while True:
+        times.extend(sample(batch))
+        enough = len(times) >= protocol.min_reps
+        if enough and (median_stable(times, protocol.target_rse) or len(times) >= protocol.max_reps
+                       or time.perf_counter() > cap):
+            break
+        batch = min(max(batch, len(times)), protocol.max_reps - len(times))
+    return Timing(summarize(times), first_call_s, timer)
+
+
+def _cuda_sampler(fn: Callable[[], object], flush: bool) -> Callable[[int], list[float]]:
+    flusher = _get_flusher() if flush else None
+
+    def sample(n: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for s, e in zip(starts, ends):
+            if flusher is not None:
+                flusher()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+    return sample
+
+
+GRAPH_CALLS = 20
+
+
+def _cuda_graph_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]]:
+    """Replay a graph of GRAPH_CALLS calls; one sample is the replay time over GRAPH_CALLS (warm L2)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+
+    def sample(n: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for s, e in zip(starts, ends):
+            s.record()
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 / GRAPH_CALLS for s, e in zip(starts, ends)]
+
+    return sample
+
+
+def _cpu_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]]:
+    def sample(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t0) / 1e3)
+        return out
+
+    return sample
+
+
+def count_launches(fn: Callable[[], object]) -> dict[str, int]:
+    """Kernels one call runs on the GPU, counted with the profiler: launched directly, or replayed in a graph."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    except Exception:  # the profiler is optional: without it, one launch is the floor
+        return {"direct": 1, "graph": 0, "counted": False}
+    events = prof.events()
+    kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+                  and not any(w in e.name.lower() for w in ("memcpy", "memset")))
+    direct = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                 and "launchkernel" in e.name.lower())
+    direct = min(direct, kernels) if kernels else direct
+    return {"direct": max(direct, 1 if kernels == 0 else direct), "graph": max(0, kernels - direct), "counted": True}

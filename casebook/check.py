@@ -1,0 +1,104 @@
+"""Correctness before timing: fresh random inputs, a float64 reference, poisoned outputs, untouched inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+TOLERANCE = {
+    "fp64": 1e-10, "fp32": 1e-5, "tf32": 2e-3, "bf16": 2e-2, "fp16": 4e-3,
+    "fp8_e4m3": 1.5e-1, "fp8_e5m2": 2.5e-1, "int8": 0.0, "int32": 0.0, "int64": 0.0,
+}
+"""Bound on the normwise relative error ||out - ref|| / ||ref|| per input dtype (METHOD.md's ranges)."""
+
+TORCH_DTYPES = {
+    "fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+    "fp16": torch.float16, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
+}
+for _name, _attr in (("fp8_e4m3", "float8_e4m3fn"), ("fp8_e5m2", "float8_e5m2")):
+    if hasattr(torch, _attr):
+        TORCH_DTYPES[_name] = getattr(torch, _attr)
+
+
+class CheckFailed(AssertionError):
+    """A variant computed the wrong thing, or cheated."""
+
+
+@dataclass(frozen=True)
+class Check:
+    correct: bool
+    max_rel_err: float
+    seeds: list[int]
+    error: str | None = None
+
+
+def upcast(inputs: dict) -> dict:
+    """Float tensors to float64 (on the CPU) for the reference; other values unchanged."""
+    return {k: v.detach().to("cpu", torch.float64) if torch.is_tensor(v) and v.is_floating_point()
+            else (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in inputs.items()}
+
+
+def _poison_allocator(shape: tuple, dtype: torch.dtype, device: str) -> None:
+    """Leave a NaN-filled block of the output's size as the allocator's next free one: unwritten elements show."""
+    if dtype.is_floating_point:
+        poison = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        del poison
+
+
+def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
+          make_inputs: Callable[..., dict], shape: dict, dtype: str, device: str, seeds: list[int],
+          tolerance: float | None = None) -> Check:
+    """Run `fn` on fresh random inputs per seed and compare with the float64 reference."""
+    tol = TOLERANCE[dtype] if tolerance is None else tolerance
+    worst = 0.0
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        inputs = make_inputs(shape, TORCH_DTYPES[dtype], device, g)
+        expected = reference(**upcast(inputs))
+        before = {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
+        _poison_allocator(tuple(expected.shape), TORCH_DTYPES[dtype], device)
+        try:
+            out = fn(**inputs)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            err = _compare(out, expected, inputs, before, dtype, device)
+        except NotImplementedError:
+            raise
+        except CheckFailed as e:
+            return Check(False, worst, seeds, f"seed {seed}: {e}")
+        worst = max(worst, err)
+        if not err <= tol:  # NaN compares false: never passes
+            return Check(False, worst, seeds, f"seed {seed}: relative error {err:.3g} over tolerance {tol:.3g}")
+    return Check(True, worst, seeds)
+
+
+def _compare(out, expected: torch.Tensor, inputs: dict, before: dict, dtype: str, device: str) -> float:
+    if type(out) is not torch.Tensor:
+        raise CheckFailed(f"returned {type(out).__name__}, not a plain torch.Tensor")
+    if out.device.type != device:
+        raise CheckFailed(f"output on {out.device}, expected {device}")
+    if tuple(out.shape) != tuple(expected.shape):
+        raise CheckFailed(f"output shape {tuple(out.shape)}, expected {tuple(expected.shape)}")
+    want = TORCH_DTYPES[dtype] if expected.is_floating_point() else expected.dtype
+    if out.dtype != want:
+        raise CheckFailed(f"output dtype {out.dtype}, expected {want}")
+    for k, v in before.items():
+        if not torch.equal(inputs[k], v):
+            raise CheckFailed(f"input {k!r} was modified")
+        if out.numel() and inputs[k].numel() and _overlaps(out, inputs[k]):
+            raise CheckFailed(f"output aliases input {k!r}")
+    got = out.detach().to("cpu", torch.float64)
+    if not torch.isfinite(got).all():
+        bad = (~torch.isfinite(got)).sum().item()
+        raise CheckFailed(f"{bad} of {got.numel()} output elements are NaN or Inf (unwritten, or overflow)")
+    ref_norm = torch.linalg.vector_norm(expected).item()
+    diff = torch.linalg.vector_norm(got - expected).item()
+    return diff / ref_norm if ref_norm else diff
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()

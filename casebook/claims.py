@@ -1,0 +1,85 @@
+"""A case's claims, checked against what the run measured: held, failed, or not applicable here."""
+
+from __future__ import annotations
+
+from casebook.schema import Case, RegimeClaim, RoofClaim, SpeedupClaim, ThroughputClaim, Where, shape_label
+from casebook.stats import weighted_geomean
+
+
+def _selected(points: list[dict], variant: str, where: Where) -> list[dict]:
+    return [p for p in points if p["variant"] == variant
+            and (where.dtypes is None or p["dtype"] in where.dtypes)
+            and (where.shapes is None or p["shape"] in where.shapes)]
+
+
+def _label(p: dict) -> str:
+    return f"{shape_label(p['shape'])} {p['dtype']}"
+
+
+def _speedups(points: list[dict], variant: str, over: str, where: Where) -> list[tuple[dict, float | None]]:
+    """(point, speedup of variant over `over` at the same shape and dtype) for each selected point."""
+    base = {(shape_label(p["shape"]), p["dtype"]): p for p in points if p["variant"] == over}
+    out = []
+    for p in _selected(points, variant, where):
+        b = base.get((shape_label(p["shape"]), p["dtype"]))
+        ok = p.get("median_us") and b is not None and b.get("median_us")
+        out.append((p, b["median_us"] / p["median_us"] if ok else None))
+    return out
+
+
+def evaluate(case: Case, hardware_slug: str, kernel_points: list[dict], workload: dict, end_to_end: dict) -> list[dict]:
+    return [_evaluate(c, hardware_slug, kernel_points, workload, end_to_end) for c in case.claims]
+
+
+def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: dict) -> dict:
+    head = {"text": claim.text, "kind": claim.kind, "variant": claim.variant}
+    if claim.hardware is not None and slug not in claim.hardware:
+        return {**head, "held": None, "detail": f"not applicable on {slug} (claimed for {', '.join(claim.hardware)})"}
+    if isinstance(claim, SpeedupClaim):
+        return {**head, **_speedup(claim, kernel_points, workload, e2e)}
+    pts = _selected(kernel_points, claim.variant, claim.where)
+    if not pts:
+        return {**head, "held": False, "detail": "no level-1 point matches this claim"}
+    unmeasured = [p for p in pts if p.get("status") != "ok"]
+    if unmeasured:
+        return {**head, "held": False,
+                "detail": f"not measured at {_label(unmeasured[0])}: {unmeasured[0].get('status')}"}
+    if isinstance(claim, RegimeClaim):
+        off = [f"{_label(p)} is {p['regime']}" for p in pts if p["regime"] != claim.regime]
+        return {**head, "held": not off,
+                "detail": "; ".join(off) if off else f"{claim.regime} at all {len(pts)} points"}
+    if isinstance(claim, RoofClaim):
+        worst = min(pts, key=lambda p: p["roof_fraction"])
+        return {**head, "held": worst["roof_fraction"] >= claim.at_least,
+                "detail": f"lowest {worst['roof_fraction']:.1%} of roof at {_label(worst)} (need {claim.at_least:.0%})"}
+    if isinstance(claim, ThroughputClaim):
+        key, need, unit = (("gbps", claim.at_least_gbps, "GB/s") if claim.at_least_gbps is not None
+                           else ("tflops", claim.at_least_tflops, "TFLOP/s"))
+        worst = min(pts, key=lambda p: p[key])
+        return {**head, "held": worst[key] >= need,
+                "detail": f"lowest {worst[key]:.0f} {unit} at {_label(worst)} (need {need:g})"}
+    raise TypeError(f"unknown claim kind {claim.kind}")
+
+
+def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e: dict) -> dict:
+    need = claim.at_least
+    if claim.level == "end_to_end":
+        if e2e.get("status") != "ok" or not e2e.get("measured_speedup"):
+            return {"held": False, "detail": f"end-to-end not measured: {e2e.get('error', e2e.get('status'))}"}
+        if (e2e["variant"], e2e["baseline"]) != (claim.variant, claim.over):
+            return {"held": False, "detail": f"the scenario compares {e2e['variant']} with {e2e['baseline']}"}
+        s = e2e["measured_speedup"]
+        return {"held": s >= need, "detail": f"{s:.2f}x end to end (need {need:g}x)"}
+    points = kernel_points if claim.level == "kernel" else workload.get("points", [])
+    pairs = _speedups(points, claim.variant, claim.over, claim.where)
+    if not pairs:
+        return {"held": False, "detail": f"no {claim.level} point matches this claim"}
+    missing = [p for p, s in pairs if s is None]
+    if missing:
+        return {"held": False, "detail": f"not measured at {_label(missing[0])}"}
+    if claim.statistic == "geomean":
+        weights = [p.get("weight", 1.0) for p, _ in pairs]
+        g = weighted_geomean([s for _, s in pairs], weights)
+        return {"held": g >= need, "detail": f"weighted geomean {g:.2f}x over {len(pairs)} shapes (need {need:g}x)"}
+    p, s = min(pairs, key=lambda ps: ps[1])
+    return {"held": s >= need, "detail": f"worst {s:.2f}x at {_label(p)} over {len(pairs)} points (need {need:g}x)"}

@@ -1,0 +1,124 @@
+"""`casebook run CASE`: progress over variants x shapes, a table per level, the claims, the stored result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from casebook.schema import shape_label
+
+import sys
+
+console = Console(stderr=True)
+out = Console(width=None if sys.stdout.isatty() else 150)
+
+STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed": "bold red",
+                "timeout": "bold red", "skipped": "dim"}
+
+
+def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
+         timeout: float) -> int:
+    from casebook.load import CaseError, load_case
+
+    try:
+        load_case(case)
+    except CaseError as e:
+        console.print(f"[red]{e}[/red]", highlight=False)
+        return 2
+    from casebook import results, run
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        job = bar.add_task("measuring ceilings", total=None)
+
+        def progress(event: str, info: dict) -> None:
+            if event == "ceilings":
+                bar.update(job, description=f"ceilings of {info['hardware']}")
+            elif event == "plan":
+                bar.update(job, total=info["total"], completed=0, description="checking and timing")
+            elif event == "task":
+                t, p = info["task"], info["payload"]
+                bar.update(job, advance=1, description=f"{t.variant} {shape_label(t.shape)} {t.dtype}")
+                if p.get("status") in ("failed", "crashed", "timeout"):
+                    console.print(f"[red]{t.variant} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
+                                  f"{p.get('error', '')}[/red]", highlight=False)
+
+        doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress)
+    if counters:
+        from casebook import counters as counters_mod
+
+        doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: console.print(msg, highlight=False))
+    path = results.save(doc, results_dir)
+    if json_out:
+        out.print_json(json.dumps(doc))
+    else:
+        report(doc)
+        out.print(f"stored [bold]{path}[/bold]")
+    return 1 if run.failed(doc) else 0
+
+
+def _fmt(v, spec: str, missing: str = "-") -> str:
+    return missing if v is None else format(v, spec)
+
+
+def _points_table(title: str, points: list[dict], weighted: bool = False) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for col in ("variant", "shape", "dtype", "median us", "p10-p90 us", "GB/s", "TFLOP/s", "% roof", "regime",
+                "speedup", "rel err", "status") + (("weight",) if weighted else ()):
+        t.add_column(col, justify="left" if col in ("variant", "shape", "dtype", "regime", "status") else "right")
+    for p in points:
+        status = p.get("status", "?")
+        t.add_row(p["variant"], shape_label(p["shape"]), p["dtype"], _fmt(p.get("median_us"), ".1f"),
+                  f"{p['p10_us']:.1f}-{p['p90_us']:.1f}" if p.get("p10_us") else "-",
+                  _fmt(p.get("gbps"), ".0f"), _fmt(p.get("tflops"), ".2f"),
+                  _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".0f"), p.get("regime") or "-",
+                  _fmt(p.get("speedup"), ".2f"), _fmt(p.get("max_rel_err"), ".1e"),
+                  f"[{STATUS_STYLE.get(status, '')}]{status}[/]",
+                  *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
+    return t
+
+
+def report(doc: dict) -> None:
+    hw = doc["hardware"]
+    m = hw["measured"]
+    out.print(f"[bold]{doc['case_id']}[/bold] on {hw['name']} ({hw['slug']}): copy {m['copy_gbps']:.0f} GB/s, "
+              f"launch {m['launch_us']:.1f} us, matmul " +
+              ", ".join(f"{k} {v:.1f}" for k, v in m["matmul_tflops"].items()) + " TFLOP/s (measured)")
+    out.print(_points_table("Level 1: the single-kernel limit", doc["kernel_level"]))
+    w = doc["workload_level"]
+    out.print(_points_table(f"Level 2: the workload ({w['dtype']})", w["points"], weighted=True))
+    s = Table(title="Level 2 summary (weighted over the distribution)", title_justify="left", header_style="bold")
+    for col in ("variant", "geomean speedup", "worst speedup", "worst shape", "regressions"):
+        s.add_column(col)
+    for row in w["summary"]:
+        s.add_row(row["variant"], _fmt(row.get("geomean_speedup"), ".2f"), _fmt(row.get("worst_speedup"), ".2f"),
+                  shape_label(row["worst_shape"]) if row.get("worst_shape") else "-",
+                  ", ".join(shape_label(r) for r in row.get("regressions", [])) or "none")
+    out.print(s)
+    e = doc["end_to_end"]
+    line = f"[bold]Level 3[/bold] {e['baseline']} -> {e['variant']}: {e.get('status')}"
+    if e.get("kernel_share") is not None:
+        line += f"; kernel share of baseline {e['kernel_share']:.1%}"
+    if e.get("measured_speedup") is not None:
+        line += (f"; kernel {e['kernel_speedup']:.2f}x; Amdahl predicts {e['amdahl_speedup']:.3f}x; "
+                 f"measured {e['measured_speedup']:.3f}x")
+    if e.get("error"):
+        line += f" ({e['error']})"
+    out.print(line, highlight=False)
+    if doc.get("counters"):
+        c = Table(title="DRAM bytes: modelled vs measured (ncu)", title_justify="left", header_style="bold")
+        for col in ("variant", "shape", "dtype", "modelled MB", "measured MB", "gap"):
+            c.add_column(col)
+        for r in doc["counters"]:
+            c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], _fmt(r.get("modelled_bytes") and r["modelled_bytes"] / 1e6, ".1f"),
+                      _fmt(r.get("measured_bytes") and r["measured_bytes"] / 1e6, ".1f"),
+                      _fmt(r.get("gap") is not None and 100 * r["gap"], "+.0f") + "%" if r.get("gap") is not None else r.get("error", "-"))
+        out.print(c)
+    out.print("[bold]Claims[/bold]")
+    for c in doc["claims"]:
+        mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c["held"]]
+        out.print(f"  {mark}  {c['text']}  [dim]{c['detail']}[/]", highlight=False)

@@ -1,0 +1,208 @@
+"""The machine: datasheet peaks (data with a source) beside ceilings measured here, cached per machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from casebook.schema import slug
+
+CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "casebook"))
+CEILINGS_VERSION = 1
+
+
+@cache
+def datasheets() -> dict[str, dict]:
+    """The registry of datasheet peaks, keyed by hardware slug."""
+    text = resources.files("casebook").joinpath("data/hardware.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def identify() -> dict:
+    """Which machine this is: slug, name, kind, the datasheet entry if any."""
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        for key, spec in datasheets().items():
+            if any(m in name for m in spec["match"]):
+                return {"slug": key, "name": name, "kind": "gpu", "datasheet": spec}
+        return {"slug": slug(name), "name": name, "kind": "gpu", "datasheet": None}
+    model = cpu_model()
+    return {"slug": "cpu-" + slug(model)[:40].strip("-"), "name": model, "kind": "cpu", "datasheet": None,
+            "cores": os.cpu_count()}
+
+
+def environment() -> dict:
+    """Everything about the software and device that a result depends on."""
+    import torch
+
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    env.update(_git())
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(device_name=p.name, sm_count=p.multi_processor_count, memory_gb=round(p.total_memory / 1e9, 1),
+                   l2_mb=round(getattr(p, "L2_cache_size", 0) / 2**20, 1), capability=f"{p.major}.{p.minor}")
+        env.update(_nvidia_smi())
+    return env
+
+
+def clocks() -> dict:
+    """SM and memory clocks now (MHz), where nvidia-smi answers."""
+    return _nvidia_smi(("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw"))
+
+
+def _nvidia_smi(fields=("driver_version", "clocks.max.sm", "clocks.max.mem", "power.limit")) -> dict:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return {}
+    return {f.replace(".", "_"): v.strip() for f, v in zip(fields, out.split(","))}
+
+
+def _git() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"casebook_commit": None, "casebook_dirty": None}
+    return {"casebook_commit": commit or None, "casebook_dirty": bool(dirty) if commit else None}
+
+
+# --- measured ceilings -------------------------------------------------------------------------
+
+
+def ceilings(remeasure: bool = False) -> dict:
+    """Measured ceilings of this machine, from the cache unless asked to measure again."""
+    import torch
+
+    ident = identify()
+    path = CACHE_DIR / f"ceilings-{ident['slug']}.json"
+    if not remeasure and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("version") == CEILINGS_VERSION and cached.get("torch") == torch.__version__:
+            return cached
+    measured = measure_gpu() if ident["kind"] == "gpu" else measure_cpu()
+    measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"])
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(measured, indent=1))
+    tmp.replace(path)
+    return measured
+
+
+def measure_gpu() -> dict:
+    """Copy bandwidth (read + write), dense matmul per dtype, one launch, one kernel inside a graph."""
+    import torch
+
+    from casebook.bench import Protocol, time_fn
+
+    proto = Protocol(cache="warm", time_cap_s=1.0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    src = torch.randn(2**28, device="cuda", generator=g)  # 1 GiB of fp32, far over L2
+    dst = torch.empty_like(src)
+    copy_us = time_fn(lambda: dst.copy_(src), "cuda", proto).summary.median_us
+    copy_gbps = 2 * src.numel() * 4 / copy_us / 1e3
+    del src, dst
+
+    matmul = {}
+    for name, dtype, n in (("bf16", torch.bfloat16, 8192), ("fp16", torch.float16, 8192),
+                           ("tf32", torch.float32, 8192), ("fp32", torch.float32, 4096)):
+        a = torch.randn(n, n, device="cuda", generator=g).to(dtype)
+        b = torch.randn(n, n, device="cuda", generator=g).to(dtype)
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        us = time_fn(lambda: a @ b, "cuda", proto).summary.median_us
+        matmul[name] = 2 * n**3 / us / 1e6
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"):
+        try:
+            a = torch.randn(8192, 8192, device="cuda", generator=g).to(torch.float8_e4m3fn)
+            b = torch.randn(8192, 8192, device="cuda", generator=g).to(torch.float8_e4m3fn).t()
+            one = torch.ones((), device="cuda")
+            us = time_fn(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16), "cuda",
+                         proto).summary.median_us
+            matmul["fp8_e4m3"] = matmul["fp8_e5m2"] = 2 * 8192**3 / us / 1e6
+        except (RuntimeError, TypeError):
+            pass
+    matmul.setdefault("fp64", matmul["fp32"])
+
+    # One tiny launch, back to back: what each extra kernel in a sequence costs.
+    x = torch.zeros(1, device="cuda")
+    n = 200
+    launch_us = time_fn(lambda: [x.add_(1) for _ in range(n)], "cuda", proto).summary.median_us / n
+
+    # The same tiny kernel inside a replayed CUDA graph.
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x.add_(1)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            x.add_(1)
+    graph_launch_us = time_fn(graph.replay, "cuda", proto).summary.median_us / n
+    return {"copy_gbps": copy_gbps, "matmul_tflops": matmul, "launch_us": launch_us,
+            "graph_launch_us": graph_launch_us, "method": {
+                "copy": "1 GiB fp32 device-to-device copy_, bytes read + written",
+                "matmul": "random n x n x n torch.matmul (8192; fp32 without tf32 at 4096)",
+                "launch": f"{n} back-to-back x.add_(1) on one element, per launch",
+                "graph_launch": f"the same {n} kernels replayed in one CUDA graph, per kernel"}}
+
+
+def measure_cpu() -> dict:
+    """Copy bandwidth (read + write), fp32 matmul, the cost of one tiny op call."""
+    import torch
+
+    from casebook.bench import Protocol, time_fn
+
+    proto = Protocol(cache="warm", time_cap_s=0.5)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randn(2**25, generator=g)  # 128 MiB
+    dst = torch.empty_like(src)
+    copy_us = time_fn(lambda: dst.copy_(src), "cpu", proto).summary.median_us
+    a = torch.randn(1024, 1024, generator=g)
+    b = torch.randn(1024, 1024, generator=g)
+    mm_us = time_fn(lambda: a @ b, "cpu", proto).summary.median_us
+    x = torch.zeros(1)
+    call_us = time_fn(lambda: x.add_(1), "cpu", proto).summary.median_us
+    fp32 = 2 * 1024**3 / mm_us / 1e6
+    return {"copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3,
+            "matmul_tflops": {"fp32": fp32, "fp64": fp32, "tf32": fp32, "bf16": fp32, "fp16": fp32},
+            "launch_us": call_us, "graph_launch_us": call_us,
+            "method": {"copy": "128 MiB fp32 copy_, bytes read + written",
+                       "matmul": "1024^3 fp32 torch.matmul (other dtypes held to the fp32 rate)",
+                       "launch": "one x.add_(1) on one element"}}

@@ -1,0 +1,136 @@
+"""What one child process does for one task: check, time, re-check, place on the roofline.
+
+Runs inside `isolate.run_isolated`; imports the case's kernel module, which validation never does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+KERNELS_PACKAGE = "casebook.kernels"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of measurement: a variant at a shape and dtype (levels 1, 2) or in the scenario (level 3)."""
+
+    kind: str  # "point" | "end_to_end"
+    module: str
+    variant: str
+    fn: str
+    shape: dict
+    dtype: str
+    level: str
+    device: str  # "cuda" | "cpu"
+    timed: bool  # False: checked through the interpreter, not timed
+    seed: int
+    protocol: dict
+    roofs: dict = field(default_factory=dict)
+    tolerance: float | None = None
+    reference: str = "reference"
+    inputs: str = "inputs"
+    traffic: str = "traffic"
+    scenario: str = ""
+    scenario_inputs: str = ""
+
+
+def work(task: Task) -> dict:
+    """Entry point in the child."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
+    torch.backends.cudnn.allow_tf32 = task.dtype == "tf32"
+    mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
+    try:
+        if task.kind == "end_to_end":
+            return _end_to_end(task, mod)
+        return _point(task, mod)
+    except NotImplementedError as e:  # the variant's own word that it does not cover this shape
+        return {"status": "skipped", "error": f"unsupported: {e}"}
+
+
+def _point(task: Task, mod) -> dict:
+    import torch
+
+    from casebook.bench import Protocol, count_launches, time_fn
+    from casebook.check import TORCH_DTYPES, check
+    from casebook.roofline import FasterThanPhysics, Roofs, place
+
+    fn = getattr(mod, task.fn)
+    reference, make_inputs = getattr(mod, task.reference), getattr(mod, task.inputs)
+    out: dict = {"variant": task.variant, "shape": task.shape, "dtype": task.dtype}
+    first = check(fn, reference, make_inputs, task.shape, task.dtype, task.device, [task.seed, task.seed + 1],
+                  task.tolerance)
+    out.update(correct=first.correct, max_rel_err=first.max_rel_err)
+    if not first.correct:
+        return {**out, "status": "failed", "error": first.error}
+    if not task.timed:
+        return {**out, "status": "checked"}
+
+    g = torch.Generator().manual_seed(task.seed + 2)
+    inputs = make_inputs(task.shape, TORCH_DTYPES[task.dtype], task.device, g)
+    timing = time_fn(lambda: fn(**inputs), task.device, Protocol(**task.protocol))
+    launches = count_launches(lambda: fn(**inputs)) if task.device == "cuda" else {"direct": 1, "graph": 0}
+    del inputs
+    # Checked again after timing, on new inputs: a variant that caches its first answer fails here.
+    again = check(fn, reference, make_inputs, task.shape, task.dtype, task.device, [task.seed + 3], task.tolerance)
+    if not again.correct:
+        return {**out, "status": "failed", "correct": False, "error": f"after timing: {again.error}"}
+
+    traffic = getattr(mod, task.traffic)(task.shape, TORCH_DTYPES[task.dtype])
+    s = timing.summary
+    out.update(status="ok", median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, cv=s.cv,
+               repetitions=s.repetitions, first_call_s=timing.first_call_s, timer=timing.timer,
+               flops=traffic.flops, bytes=traffic.bytes, traffic_terms=traffic.as_dict()["terms"],
+               launches=launches)
+    roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
+                  launch_us=task.roofs["launch_us"])
+    n_launch = launches["direct"] + launches["graph"] * task.roofs["graph_launch_us"] / task.roofs["launch_us"]
+    try:
+        p = place(traffic.flops, traffic.bytes, n_launch, s.median_us, roofs, spread=(s.median_us - s.p10_us) / s.median_us)
+    except FasterThanPhysics as e:
+        return {**out, "status": "failed", "error": str(e)}
+    out.update(gbps=p.gbps, tflops=p.tflops, arithmetic_intensity=p.arithmetic_intensity, floor_us=p.floor_us,
+               compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
+               launch_floor_us=p.launch_floor_us, roof_fraction=p.roof_fraction, regime=p.regime,
+               attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
+               bandwidth_roof_gbps=roofs.bandwidth_gbps)
+    return out
+
+
+FINGERPRINT = 4096
+
+
+def _end_to_end(task: Task, mod) -> dict:
+    """Time the scenario with this variant, and the variant alone on the arguments the scenario gives it."""
+    import torch
+
+    from casebook.bench import Protocol, time_fn
+    from casebook.check import TORCH_DTYPES
+
+    fn = getattr(mod, task.fn)
+    scenario = getattr(mod, task.scenario)
+    g = torch.Generator().manual_seed(task.seed)
+    inputs = getattr(mod, task.scenario_inputs)(task.shape, TORCH_DTYPES[task.dtype], task.device, g)
+    captured: list = []
+
+    def capture(*args, **kwargs):
+        if not captured:
+            captured.append((args, kwargs))
+        return fn(*args, **kwargs)
+
+    result = scenario(capture, **inputs)
+    flat = result.detach().flatten().to("cpu", torch.float64)
+    fingerprint = flat[:: max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT]
+    if not torch.isfinite(fingerprint).all():
+        return {"status": "failed", "error": "scenario output has NaN or Inf"}
+    if not captured:
+        return {"status": "failed", "error": "the scenario never called the kernel"}
+    protocol = Protocol(**task.protocol)
+    whole = time_fn(lambda: scenario(fn, **inputs), task.device, protocol).summary
+    args, kwargs = captured[0]
+    alone = time_fn(lambda: fn(*args, **kwargs), task.device, protocol).summary
+    return {"status": "ok", "variant": task.variant, "scenario_us": whole.median_us,
+            "scenario_p10_us": whole.p10_us, "scenario_p90_us": whole.p90_us, "kernel_us": alone.median_us,
+            "kernel_p10_us": alone.p10_us, "kernel_p90_us": alone.p90_us, "fingerprint": fingerprint.tolist()}

@@ -1,0 +1,67 @@
+"""Stored results: versioned JSON at results/<hardware-slug>/<case-id>.json, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from casebook.schema import RESULT_SCHEMA_VERSION, Result
+
+MIGRATIONS: dict[int, callable] = {}
+"""Result format migrations: version N -> a function that turns a version-N document into N+1."""
+
+
+class ResultError(ValueError):
+    pass
+
+
+def result_path(results_dir: Path, hardware_slug: str, case_id: str) -> Path:
+    return Path(results_dir) / hardware_slug / f"{case_id}.json"
+
+
+def save(doc: dict, results_dir: Path) -> Path:
+    """Validate and write atomically (temp file in the same folder, then rename): never a half-written result."""
+    Result.model_validate(doc)
+    path = result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=False, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load(path: Path) -> Result:
+    """Read a result, migrating older versions in memory; refuse newer ones."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ResultError(f"{path}: unreadable result: {e}") from e
+    version = doc.get("schema_version")
+    if not isinstance(version, int):
+        raise ResultError(f"{path}: schema_version: missing")
+    if version > RESULT_SCHEMA_VERSION:
+        raise ResultError(f"{path}: schema_version: {version} is newer than this casebook "
+                          f"({RESULT_SCHEMA_VERSION}); upgrade casebook")
+    while version < RESULT_SCHEMA_VERSION:
+        doc = MIGRATIONS[version](doc)
+        version = doc["schema_version"]
+    return Result.model_validate(doc)
+
+
+def all_results(results_dir: Path) -> list[tuple[Path, Result]]:
+    return [(p, load(p)) for p in sorted(Path(results_dir).glob("*/*.json"))]
+
+
+def is_stale(result: Result, case_sha256: str, kernel_sha256: str) -> bool:
+    """A result measured a different case file or kernel source than the current one."""
+    return (result.case_sha256, result.kernel_sha256) != (case_sha256, kernel_sha256)

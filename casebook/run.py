@@ -1,0 +1,238 @@
+"""`casebook run`: every variant checked, then timed at the three levels, placed on the roofline,
+the claims checked, the result assembled. The library does not print: progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Callable
+
+from casebook import claims as claims_mod
+from casebook import hardware
+from casebook.bench import QUICK, Protocol
+from casebook.check import TOLERANCE
+from casebook.isolate import run_isolated
+from casebook.load import load_case
+from casebook.measure import Task, work
+from casebook.provenance import case_sha256, kernel_sha256
+from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
+from casebook.stats import weighted_geomean
+
+Progress = Callable[[str, dict], None]
+SEED = 20261129
+
+
+def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
+    """Where a variant runs on this machine: (device, timed), or None when it cannot run here."""
+    if on_gpu and "cuda" in variant.backends:
+        return "cuda", True
+    if "cpu" in variant.backends:
+        return "cpu", True
+    if "interpreter" in variant.backends:
+        return "cpu", False
+    return None
+
+
+def _roofs(ceilings: dict, dtype: str) -> dict:
+    return {"compute_tflops": ceilings["matmul_tflops"].get(dtype, ceilings["matmul_tflops"]["fp32"]),
+            "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
+            "graph_launch_us": ceilings["graph_launch_us"]}
+
+
+def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None) -> dict:
+    """Tasks per variant (one child process each), levels 1 and 2 then level 3."""
+    k, lv = case.kernel, case.levels
+    kernel_shapes = lv.kernel.shapes if on_gpu else lv.kernel.cpu_shapes
+    workload = lv.workload.shapes if on_gpu else lv.workload.cpu_shapes
+    e2e_shape = lv.end_to_end.shape if on_gpu else lv.end_to_end.cpu_shape
+    proto = asdict(replace(protocol, cache=lv.kernel.cache, graph=lv.kernel.graph))
+    groups: dict[str, dict] = {}
+    for v in k.variants:
+        if only and v.name not in only and v.name != k.baseline:
+            continue
+        where = placement(v, on_gpu)
+        if where is None:
+            groups[v.name] = {"variant": v, "device": None, "timed": False, "tasks": []}
+            continue
+        device, timed = where
+        common = dict(module=k.module, variant=v.name, fn=v.fn, device=device, timed=timed, protocol=proto,
+                      tolerance=v.tolerance, reference=k.reference, inputs=k.inputs, traffic=k.traffic)
+        tasks = [Task(kind="point", shape=s, dtype=d, level="kernel", seed=SEED + i,
+                      roofs=_roofs(ceilings, d), **common)
+                 for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]
+        tasks += [Task(kind="point", shape=w.shape, dtype=lv.workload.dtype, level="workload", seed=SEED + 1000 + i,
+                       roofs=_roofs(ceilings, lv.workload.dtype), **common) for i, w in enumerate(workload)]
+        if timed and v.name in (lv.end_to_end.baseline, lv.end_to_end.variant):
+            tasks.append(Task(kind="end_to_end", shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
+                              seed=SEED + 2000, scenario=lv.end_to_end.scenario,
+                              scenario_inputs=lv.end_to_end.inputs, **common))
+        groups[v.name] = {"variant": v, "device": device, "timed": timed, "tasks": tasks}
+    return groups
+
+
+def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
+             progress: Progress | None = None, ceilings: dict | None = None) -> dict:
+    """Run one case end to end and return the result document (not yet stored)."""
+    progress = progress or (lambda event, info: None)
+    case = load_case(path)
+    started = _now()
+    ident = hardware.identify()
+    on_gpu = ident["kind"] == "gpu"
+    progress("ceilings", {"hardware": ident["name"]})
+    ceilings = ceilings or hardware.ceilings()
+    env = hardware.environment()
+    env["clocks_start"] = hardware.clocks()
+    protocol = QUICK if quick else Protocol()
+    groups = plan(case, on_gpu, protocol, ceilings, only)
+    total = sum(len(g["tasks"]) for g in groups.values())
+    progress("plan", {"total": total, "variants": list(groups)})
+
+    outcomes: dict[str, list[tuple[Task, dict]]] = {}
+    for name, g in groups.items():
+        tasks = g["tasks"]
+        child_env = {"TRITON_INTERPRET": "1"} if g["device"] == "cpu" and not g["timed"] else {}
+
+        def done(i, payload, tasks=tasks):
+            progress("task", {"task": tasks[i], "payload": payload})
+
+        payloads = run_isolated(work, tasks, timeout_s=timeout_s, env=child_env, on_done=done) if tasks else []
+        outcomes[name] = list(zip(tasks, payloads))
+
+    kernel_points, workload_points, e2e_runs, variants = [], [], {}, []
+    weights = {shape_label(w.shape): w for w in (case.levels.workload.shapes if on_gpu
+                                                 else case.levels.workload.cpu_shapes)}
+    for name, g in groups.items():
+        v = g["variant"]
+        pairs = outcomes[name]
+        first_calls = [p.get("first_call_s") for _, p in pairs if p.get("first_call_s") is not None]
+        variants.append({"name": name, "note": v.note, "backends": list(v.backends), "device": g["device"],
+                         "mode": "timed" if g["timed"] else ("checked" if g["device"] else "skipped"),
+                         "first_call_s": first_calls[0] if first_calls else None,
+                         "first_call_s_max": max(first_calls) if first_calls else None})
+        if g["device"] is None:
+            shapes = case.levels.kernel.shapes if on_gpu else case.levels.kernel.cpu_shapes
+            kernel_points += [{"variant": name, "shape": s, "dtype": d, "status": "skipped",
+                               "error": f"no backend of {list(v.backends)} on this machine"}
+                              for s in shapes for d in case.levels.kernel.dtypes]
+            continue
+        for task, p in pairs:
+            point = {"variant": name, "shape": task.shape, "dtype": task.dtype, **p}
+            point.pop("traceback", None)
+            if task.kind == "end_to_end":
+                e2e_runs[name] = p
+            elif task.level == "kernel":
+                kernel_points.append(point)
+            else:
+                w = weights[shape_label(task.shape)]
+                workload_points.append({**point, "weight": w.weight, "source": w.source})
+
+    _speedups(kernel_points, case.kernel.baseline)
+    _speedups(workload_points, case.kernel.baseline)
+    workload = {"dtype": case.levels.workload.dtype, "description": case.levels.workload.description,
+                "points": workload_points, "summary": _workload_summary(workload_points, case.kernel.baseline)}
+    e2e = _end_to_end(case, e2e_runs, on_gpu)
+    outcomes_claims = claims_mod.evaluate(case, ident["slug"], kernel_points, workload, e2e)
+    env["clocks_end"] = hardware.clocks()
+    kernel_file = Path(sys.modules["casebook"].__file__).parent / "kernels" / f"{case.kernel.module}.py"
+    protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
+                    "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
+                    "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
+                    "isolation": "one child process per variant; a crash or hang is recorded and the rest goes on",
+                    "correctness": "2 fresh random inputs before timing and 1 after; float64 reference; "
+                                   "normwise relative error; NaN/Inf fail; outputs poisoned; inputs checked unmodified"}
+    if on_gpu:
+        from casebook.bench import l2_flush_bytes  # noqa: needs CUDA in this process
+        try:
+            protocol_doc["l2_flush_bytes"] = l2_flush_bytes()
+        except Exception:
+            pass
+    return {
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "case_id": case.id,
+        "case_sha256": case_sha256(Path(path)),
+        "kernel_sha256": kernel_sha256(case.kernel.module),
+        "command": f"casebook run {Path(path).as_posix()}" + (" --quick" if quick else ""),
+        "started_at": started,
+        "finished_at": _now(),
+        "hardware": {**ident, "measured": ceilings},
+        "environment": env,
+        "protocol": protocol_doc,
+        "variants": variants,
+        "kernel_level": kernel_points,
+        "workload_level": workload,
+        "end_to_end": e2e,
+        "counters": [],
+        "claims": outcomes_claims,
+        "kernel_file": kernel_file.name,
+    }
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _speedups(points: list[dict], baseline: str) -> None:
+    base = {(shape_label(p["shape"]), p["dtype"]): p.get("median_us") for p in points if p["variant"] == baseline}
+    for p in points:
+        b = base.get((shape_label(p["shape"]), p["dtype"]))
+        if b and p.get("median_us"):
+            p["speedup"] = b / p["median_us"]
+
+
+REGRESSION = 0.98
+"""A workload speedup under this counts as a regression (2% allows for run-to-run noise)."""
+
+
+def _workload_summary(points: list[dict], baseline: str) -> list[dict]:
+    out = []
+    for name in dict.fromkeys(p["variant"] for p in points):
+        mine = [p for p in points if p["variant"] == name]
+        timed = [p for p in mine if p.get("speedup")]
+        row = {"variant": name, "shapes": len(mine), "timed": len(timed)}
+        if timed and len(timed) == len(mine):
+            worst = min(timed, key=lambda p: p["speedup"])
+            row.update(geomean_speedup=weighted_geomean([p["speedup"] for p in timed], [p["weight"] for p in timed]),
+                       worst_speedup=worst["speedup"], worst_shape=worst["shape"],
+                       regressions=[p["shape"] for p in timed if p["speedup"] < REGRESSION and name != baseline])
+        out.append(row)
+    return out
+
+
+def _end_to_end(case: Case, runs: dict, on_gpu: bool) -> dict:
+    e = case.levels.end_to_end
+    doc = {"description": e.description, "shape": e.shape if on_gpu else e.cpu_shape, "dtype": e.dtype,
+           "baseline": e.baseline, "variant": e.variant}
+    base, var = runs.get(e.baseline), runs.get(e.variant)
+    if not base or base.get("status") != "ok":
+        return {**doc, "status": "skipped" if base is None else "failed",
+                "error": (base or {}).get("error", f"baseline {e.baseline} cannot be timed here")}
+    share = base["kernel_us"] / base["scenario_us"]
+    doc.update(baseline_us=base["scenario_us"], baseline_kernel_us=base["kernel_us"], kernel_share=share)
+    if not var or var.get("status") != "ok":
+        return {**doc, "status": "partial",
+                "error": (var or {}).get("error", f"variant {e.variant} cannot be timed here")}
+    kernel_speedup = base["kernel_us"] / var["kernel_us"]
+    amdahl = 1 / ((1 - share) + share / kernel_speedup)
+    measured = base["scenario_us"] / var["scenario_us"]
+    import math
+    fb, fv = base["fingerprint"], var["fingerprint"]
+    num = math.sqrt(sum((a - b) ** 2 for a, b in zip(fb, fv)))
+    den = math.sqrt(sum(a * a for a in fb)) or 1.0
+    agree = num / den <= 2 * TOLERANCE[e.dtype]
+    doc.update(status="ok" if agree else "failed", variant_us=var["scenario_us"], variant_kernel_us=var["kernel_us"],
+               kernel_speedup=kernel_speedup, amdahl_speedup=amdahl, measured_speedup=measured,
+               gap=measured / amdahl - 1, outputs_rel_diff=num / den)
+    if not agree:
+        doc["error"] = f"scenario outputs differ between {e.baseline} and {e.variant} by {num / den:.3g}"
+    return doc
+
+
+def failed(doc: dict) -> bool:
+    """True when any check failed, any variant crashed or timed out, or any claim failed."""
+    points = doc["kernel_level"] + doc["workload_level"]["points"]
+    bad = any(p.get("status") in ("failed", "crashed", "timeout") for p in points)
+    bad |= doc["end_to_end"].get("status") == "failed"
+    return bad or any(c["held"] is False for c in doc["claims"])
