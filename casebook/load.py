@@ -51,7 +51,7 @@ class CaseError(Exception):
         """Every problem found in the file, this one first (a file can have several)."""
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.field}: {self.message}"
+        return f"{self.path}:{self.line}: {self.field}: {'warning: ' * self.warning}{self.message}"
 
 
 class Lines:

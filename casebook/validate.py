@@ -1,0 +1,231 @@
+"""Checks across a book of cases: ids, links, kernel names and, in strict mode, CPU check paths and results.
+
+Kernel modules are read with `ast`, never imported: validating an untrusted pull request runs none of
+its code. A case file's book is the folder above its `cases/` folder: kernels are looked up in
+`<book>/casebook/kernels/` when that exists (else in the installed package), results in `<book>/results/`.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from casebook import provenance
+from casebook.load import CaseError, Lines, read_case
+from casebook.schema import Case
+
+
+@dataclass
+class Report:
+    """What validating some paths found: the files read, the cases that loaded, every problem."""
+
+    files: list[Path] = field(default_factory=list)
+    cases: list[tuple[Path, Case, Lines]] = field(default_factory=list)
+    problems: list[CaseError] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[CaseError]:
+        return [p for p in self.problems if not p.warning]
+
+    @property
+    def warnings(self) -> list[CaseError]:
+        return [p for p in self.problems if p.warning]
+
+
+def validate(paths: list[Path], strict: bool = False) -> Report:
+    """Load every case under `paths` and check it against the book; never raises CaseError."""
+    report = Report()
+    report.files, report.problems = case_files(paths)
+    for path in report.files:
+        try:
+            case, lines = read_case(path)
+        except CaseError as e:
+            report.problems += e.errors
+            continue
+        except Exception as e:  # a bug in casebook: still a located line, never a traceback
+            report.problems.append(CaseError(path, 1, "file", f"internal error ({type(e).__name__}: {e}); please report it"))
+            continue
+        report.cases.append((path, case, lines))
+    report.problems += check_ids(report.cases)
+    ids = book_ids(report.cases)
+    for path, case, lines in report.cases:
+        report.problems += check_links(case, lines, ids)
+        report.problems += check_kernel(path, case, lines)
+        if strict:
+            report.problems += check_cpu_path(case, lines)
+            report.problems += check_results(path, case, lines)
+    return report
+
+
+def case_files(paths: list[Path]) -> tuple[list[Path], list[CaseError]]:
+    """The case files named by `paths` (a folder means its `*.yaml`), each once, in order."""
+    files: dict[Path, Path] = {}
+    errors = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.glob("*.yaml") if not f.name.startswith("."))
+            if not found:
+                errors.append(CaseError(p, 1, "file", "folder holds no case files (*.yaml)"))
+            for f in found:
+                files.setdefault(f.resolve(), f)
+        elif p.exists():
+            files.setdefault(p.resolve(), p)
+        else:
+            errors.append(CaseError(p, 1, "file", "no such file or folder"))
+    return list(files.values()), errors
+
+
+def book_root(path: Path) -> Path:
+    """The book a case file belongs to: the folder above its `cases/` folder."""
+    return Path(path).resolve().parent.parent
+
+
+def kernels_dir(path: Path) -> Path:
+    """Where the case's kernel modules live: the book's `casebook/kernels/`, else the installed package's."""
+    here = book_root(path) / "casebook" / "kernels"
+    return here if here.is_dir() else provenance.KERNELS_DIR
+
+
+# --- ids and links ---------------------------------------------------------------------------------
+
+
+def check_ids(cases: list[tuple[Path, Case, Lines]]) -> list[CaseError]:
+    """Every id names one case file (the loader has already made each id equal to its file stem)."""
+    first: dict[str, Path] = {}
+    errors = []
+    for path, case, lines in cases:
+        if case.id in first:
+            errors.append(lines.error(("id",), f"id {case.id!r} is also the id of {first[case.id]}"))
+        else:
+            first[case.id] = path
+    return errors
+
+
+def book_ids(cases: list[tuple[Path, Case, Lines]]) -> frozenset[str]:
+    """Ids a link may name: the cases read, and every case file beside them."""
+    folders = {path.resolve().parent for path, _, _ in cases}
+    return frozenset({case.id for _, case, _ in cases} | {s for d in folders for s in _stems(d)})
+
+
+@functools.lru_cache(maxsize=64)
+def _stems(folder: Path) -> frozenset[str]:
+    return frozenset(f.stem for f in folder.glob("*.yaml"))
+
+
+def check_links(case: Case, lines: Lines, ids: frozenset[str]) -> list[CaseError]:
+    """Every transfer's `case:` names a case in the book."""
+    errors = []
+    for i, t in enumerate(case.transfers):
+        if t.case is not None and t.case not in ids:
+            close = difflib.get_close_matches(t.case, sorted(ids), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            errors.append(lines.error(("transfers", i, "case"), f"no case {t.case!r} in the book{hint}"))
+    return errors
+
+
+# --- kernel names, from the source ---------------------------------------------------------------
+
+
+def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
+    """The kernel module exists and defines, at top level, every function the case names."""
+    module = case.kernel.module
+    source = provenance.kernel_path(module, kernels_dir(path))
+    shown = f"casebook/kernels/{module}.py"
+    if not source.is_file():
+        return [lines.error(("kernel", "module"), f"no kernel module {shown}")]
+    names = top_level_names(source)
+    if isinstance(names, str):
+        return [lines.error(("kernel", "module"), f"{shown} does not parse: {names}")]
+    k, e2e = case.kernel, case.levels.end_to_end
+    wanted = [(("kernel", "reference"), k.reference), (("kernel", "inputs"), k.inputs), (("kernel", "traffic"), k.traffic)]
+    wanted += [(("kernel", "variants", i, "fn"), v.fn) for i, v in enumerate(k.variants)]
+    wanted += [(("levels", "end_to_end", "scenario"), e2e.scenario), (("levels", "end_to_end", "inputs"), e2e.inputs)]
+    errors = []
+    for loc, name in wanted:
+        if name not in names:
+            close = difflib.get_close_matches(name, sorted(names), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            errors.append(lines.error(loc, f"{name!r} is not defined at the top level of {shown}{hint}"))
+    return errors
+
+
+def top_level_names(source: Path) -> frozenset[str] | str:
+    """Names a module binds at top level (functions, classes, assignments, imports), or why it does not parse."""
+    st = source.stat()
+    return _names(str(source), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _names(source: str, mtime_ns: int, size: int) -> frozenset[str] | str:
+    # Keyed on mtime and size so an edited module is read again; each module is parsed once per run.
+    try:
+        tree = ast.parse(Path(source).read_bytes(), filename=source)
+    except SyntaxError as e:
+        return f"line {e.lineno}: {e.msg}"
+    except (ValueError, RecursionError, MemoryError, OSError) as e:
+        return f"{type(e).__name__}: {e}"
+    return frozenset(_bound(tree.body))
+
+
+def _bound(body: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):  # `if HAS_X: def f(): ...` still binds f
+            for block in ("body", "orelse", "finalbody"):
+                names |= _bound(getattr(node, block, []))
+            for handler in getattr(node, "handlers", []):
+                names |= _bound(handler.body)
+    return names
+
+
+# --- strict: what a reviewer would reject ------------------------------------------------------------
+
+
+def check_cpu_path(case: Case, lines: Lines) -> list[CaseError]:
+    """Warn when a variant runs only on CUDA: nobody without a GPU can check it."""
+    return [
+        lines.error(("kernel", "variants", i, "backends"),
+                    f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only "
+                    "machines", warning=True)
+        for i, v in enumerate(case.kernel.variants)
+        if "cuda" in v.backends and not {"cpu", "interpreter"} & set(v.backends)
+    ]
+
+
+def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
+    """Results exist for the case and were measured from the current case file and kernel module."""
+    root = book_root(path)
+    stored = sorted((root / "results").glob(f"*/{case.id}.json"))
+    if not stored:
+        return [CaseError(path, 1, "results", f"no results/<hardware>/{case.id}.json: run `casebook run {path}` "
+                                              "and commit the result")]
+    case_hash = provenance.case_sha256(path)
+    kernel_hash = provenance.kernel_sha256(case.kernel.module, kernels_dir(path))
+    errors = []
+    for result in stored:
+        shown = result.relative_to(root).as_posix()
+        try:
+            doc = json.loads(result.read_bytes())
+            ran = (doc["case_sha256"], doc["kernel_sha256"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({type(e).__name__}: {e})"))
+            continue
+        if ran[0] != case_hash:
+            errors.append(CaseError(path, 1, "results", f"{shown} is stale: this case file changed since it "
+                                                        "was run; run it again"))
+        if ran[1] != kernel_hash:
+            errors.append(CaseError(path, lines.line(("kernel", "module")), "results",
+                                    f"{shown} is stale: casebook/kernels/{case.kernel.module}.py changed since it "
+                                    "was run; run it again"))
+    return errors
