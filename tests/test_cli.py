@@ -1,0 +1,200 @@
+"""The commands validate, check, list, schema and new; `casebook --help` stays fast and light."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from casebook.commands.schema import json_schema_text
+
+from conftest import REPO
+
+HEAVY = ("torch", "triton", "matplotlib", "numpy", "mkdocs", "yaml", "casebook.schema", "casebook.load")
+"""Not needed to print help. (pydantic itself may load: typer uses it to convert parameters.)"""
+
+PROBE = """
+import sys, time
+start = time.perf_counter()
+from casebook.cli import app
+try:
+    app({args!r})
+except SystemExit:
+    pass
+print("SECONDS", time.perf_counter() - start)
+print("HEAVY", [m for m in {heavy!r} if m in sys.modules])
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["validate", "--help"], ["run", "--help"]])
+def test_help_is_fast_and_imports_nothing_heavy(args):
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        best = min(best, time.perf_counter() - start)
+        assert proc.returncode == 0, proc.stderr
+        assert "HEAVY []" in proc.stdout, proc.stdout
+        assert "Usage" in proc.stdout
+    assert best < 0.5, f"`casebook {' '.join(args)}` took {best:.2f} s"
+
+
+# --- validate -------------------------------------------------------------------------------------
+
+
+def test_validate_defaults_to_the_cases_folder(cli, make_case, tmp_path, monkeypatch):
+    make_case()
+    monkeypatch.chdir(tmp_path)
+    result = cli("validate")
+    assert result.exit_code == 0
+    assert result.output == "1 case file checked: all valid\n"
+
+
+def test_validate_reports_every_file(cli, make_case, line_of):
+    good = make_case(name="good_case")
+    bad = make_case({"    cache: cold\n": "    cahce: cold\n"}, name="bad_case")
+    result = cli("validate", good, bad)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; did you mean 'cache'?",
+                     "2 case files checked: 1 error in 1 file"]
+
+
+def test_validate_long_lines_are_never_wrapped(cli, make_case):
+    path = make_case({"    cache: cold\n": "    cahce: cold\n"}, name="a" * 64)
+    [line, _] = cli("validate", path).output.strip().splitlines()
+    assert line.startswith(str(path)) and line.endswith("did you mean 'cache'?")
+
+
+# --- list -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_cases(make_case, tmp_path, monkeypatch):
+    make_case(name="softmax_fusion")
+    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  arithmetic",
+               "patterns: [fusion, online_reduction, specialization]": "patterns: [fusion, persistent]"},
+              name="layernorm_fusion")
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.mark.parametrize("args, shown", [
+    ([], {"softmax_fusion", "layernorm_fusion"}),
+    (["--pattern", "online_reduction"], {"softmax_fusion"}),
+    (["--pattern", "fusion"], {"softmax_fusion", "layernorm_fusion"}),
+    (["--bottleneck", "launch"], {"layernorm_fusion"}),
+    (["--operator", "softmax"], {"softmax_fusion"}),
+    (["--operator", "gemm"], set()),
+])
+def test_list_filters(cli, two_cases, args, shown):
+    result = cli("list", *args)
+    assert result.exit_code == 0
+    assert {c for c in ("softmax_fusion", "layernorm_fusion") if c in result.output} == shown
+    assert f"{len(shown)} of 2 cases" in result.output
+
+
+def test_list_unknown_filter_value(cli, two_cases):
+    result = cli("list", "--pattern", "fusoin")
+    assert result.exit_code == 2
+    assert "did you mean 'fusion'?" in result.output
+
+
+def test_list_with_an_invalid_case(cli, two_cases, make_case):
+    bad = make_case({"    cache: cold\n": "    cahce: cold\n"}, name="broken")
+    result = cli("list")
+    assert result.exit_code == 2
+    assert f"{bad.relative_to(bad.parent.parent)}:" in result.output
+    assert "softmax_fusion" in result.output
+
+
+# --- schema ---------------------------------------------------------------------------------------
+
+
+def test_schema_command(cli, tmp_path):
+    assert json.loads(cli("schema").output) == json.loads(json_schema_text())
+    out = tmp_path / "docs" / "case.schema.json"
+    assert cli("schema", "--out", out).exit_code == 0
+    assert out.read_text() == json_schema_text()
+
+
+# --- new ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def book(tmp_path, monkeypatch) -> Path:
+    (tmp_path / "casebook" / "kernels").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_new_scaffolds_a_case_that_validates(cli, book):
+    result = cli("new", "scaled_add")
+    assert result.exit_code == 0, result.output
+    case, kernel = book / "cases" / "scaled_add.yaml", book / "casebook" / "kernels" / "scaled_add.py"
+    assert case.read_text().startswith("# yaml-language-server: $schema=../docs/schema/case.schema.json\n")
+    assert "{{" not in case.read_text() + kernel.read_text()
+    assert cli("validate", case).exit_code == 0
+    check = cli("check", "cases/scaled_add.yaml")  # nothing but the missing results: every variant has a CPU check path
+    assert check.exit_code == 2
+    assert check.output.splitlines()[0].startswith("cases/scaled_add.yaml:1: results: no results/")
+    assert "warning" not in check.output
+
+
+def test_new_refuses_to_overwrite(cli, book):
+    (book / "cases").mkdir()
+    (book / "cases" / "taken.yaml").write_text("mine\n")
+    result = cli("new", "taken")
+    assert result.exit_code == 2
+    assert "already exists; nothing written" in result.output
+    assert (book / "cases" / "taken.yaml").read_text() == "mine\n"
+    assert not (book / "casebook" / "kernels" / "taken.py").exists()
+
+
+@pytest.mark.parametrize("name", ["ScaledAdd", "scaled-add", "1st_case", "_private", "a" * 65, "../escape"])
+def test_new_wants_lower_snake_case(cli, book, name):
+    result = cli("new", name)
+    assert result.exit_code == 2
+    assert "lower_snake_case" in result.output
+    assert not (book / "cases").exists()
+
+
+def test_new_outside_a_book(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli("new", "scaled_add")
+    assert result.exit_code == 2
+    assert "run `casebook new` from the book's root" in result.output
+
+
+SCAFFOLD_RUNS = """
+import importlib.util, torch
+spec = importlib.util.spec_from_file_location("k", "casebook/kernels/scaled_add.py")
+k = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(k)
+g = torch.Generator().manual_seed(0)
+for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    inputs = k.make_inputs({"n": 5000}, dtype, "cpu", g)
+    expected = k.reference(**inputs)
+    for fn in (k.eager, k.triton_fused):
+        out = fn(**inputs)
+        assert out.dtype == dtype and out.shape == expected.shape
+        assert ((out.double() - expected).norm() / expected.norm()).item() < tol, fn.__name__
+block = k.make_block_inputs({"tokens": 8, "hidden": 32}, torch.float32, "cpu", g)
+assert torch.allclose(k.residual_block(k.eager, **block), k.residual_block(k.triton_fused, **block))
+assert k.traffic({"n": 10}, torch.bfloat16).bytes == 60
+print("OK")
+"""
+
+
+def test_new_scaffold_kernel_is_correct_on_cpu(cli, book):
+    pytest.importorskip("triton")
+    assert cli("new", "scaled_add").exit_code == 0
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", SCAFFOLD_RUNS], cwd=book, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.stdout.strip() == "OK", proc.stderr[-3000:]

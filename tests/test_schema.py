@@ -1,0 +1,49 @@
+"""casebook.schema: a description on every field, and the committed JSON Schema is the current one."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from casebook import schema
+from casebook.commands.schema import COMMITTED, json_schema_text
+
+from conftest import REPO
+
+MODELS = [m for m in vars(schema).values()
+          if inspect.isclass(m) and issubclass(m, BaseModel) and m.__module__ == schema.__name__]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
+def test_every_field_is_described(model):
+    assert model.__doc__ and model.__doc__ != BaseModel.__doc__, f"{model.__name__} has no docstring"
+    undescribed = [name for name, f in model.model_fields.items() if not (f.description or "").strip()]
+    assert undescribed == [], f"{model.__name__}: fields without a description: {undescribed}"
+
+
+def test_committed_json_schema_is_current():
+    committed = (REPO / COMMITTED).read_text()
+    assert json.loads(committed) == json.loads(json_schema_text()), (
+        f"{COMMITTED} is stale: run `casebook schema --out {COMMITTED}` and commit it")
+    assert committed == json_schema_text()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "cases").glob("*.yaml")), ids=lambda p: p.stem)
+def test_cases_point_editors_at_the_schema(path):
+    first = path.read_text().splitlines()[0]
+    assert first == "# yaml-language-server: $schema=../docs/schema/case.schema.json"
+
+
+def test_json_schema_accepts_the_book_and_refuses_typos():
+    jsonschema = pytest.importorskip("jsonschema")
+    from casebook.load import read_yaml
+
+    doc = json.loads(json_schema_text())
+    data, _ = read_yaml(REPO / "cases" / "softmax_fusion.yaml")
+    jsonschema.validate(data, doc)  # what an editor checks agrees with what casebook checks
+    data["levels"]["kernel"]["cahce"] = "cold"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, doc)

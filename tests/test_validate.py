@@ -1,0 +1,186 @@
+"""casebook.validate: ids, links, kernel names read from the source (never run), and strict results checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from casebook import provenance
+from casebook.validate import top_level_names, validate
+
+from conftest import REPO, SOFTMAX
+
+KERNEL = (REPO / "casebook" / "kernels" / "softmax_fusion.py").read_text()
+
+
+def problems(*paths: Path, strict: bool = False) -> list[str]:
+    return [str(p) for p in validate(list(paths), strict=strict).problems]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "cases").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_case_in_the_book_is_valid(path):
+    assert [str(e) for e in validate([path]).errors] == []
+
+
+def test_missing_kernel_module(make_case, line_of):
+    path = make_case({"  module: softmax_fusion": "  module: softmax_fused"})
+    assert problems(path) == [f"{path}:{line_of(path, 'module: softmax_fused')}: kernel.module: "
+                              "no kernel module casebook/kernels/softmax_fused.py"]
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("  reference: reference", "  reference: referense", "kernel.reference"),
+    ("      fn: triton_online", "      fn: triton_onlin", "kernel.variants.4.fn"),
+    ("    scenario: attention_block", "    scenario: attention", "levels.end_to_end.scenario"),
+    ("    inputs: make_attention_inputs", "    inputs: make_attn_inputs", "levels.end_to_end.inputs"),
+])
+def test_undefined_function(make_case, line_of, old, new, field):
+    path = make_case({old: new})
+    name = new.split(": ")[1]
+    [problem] = problems(path)
+    assert problem.startswith(f"{path}:{line_of(path, new)}: {field}: {name!r} is not defined at the top level of "
+                              "casebook/kernels/softmax_fusion.py; did you mean")
+
+
+def book_with_kernel(tmp_path: Path, source: str) -> None:
+    kernels = tmp_path / "casebook" / "kernels"
+    kernels.mkdir(parents=True)
+    (kernels / "softmax_fusion.py").write_text(source)
+
+
+def test_kernel_module_is_read_never_run(make_case, tmp_path):
+    canary = tmp_path / "canary"
+    book_with_kernel(tmp_path, f"import os\nos.system('touch {canary}')\nraise SystemExit(3)\n" + KERNEL)
+    assert problems(make_case()) == []
+    assert not canary.exists()
+
+
+def test_names_bound_any_way_at_top_level(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from x import y as reference\nimport a.b\neager = lambda x: x\nT: int = 1\n"
+                      "if True:\n    def inner(): pass\nelse:\n    class K: pass\n"
+                      "try:\n    import z\nexcept ImportError:\n    z = None\n"
+                      "def outer():\n    def hidden(): pass\n")
+    assert top_level_names(source) == {"reference", "a", "eager", "T", "inner", "K", "z", "outer"}
+
+
+def test_kernel_module_that_does_not_parse(make_case, tmp_path, line_of):
+    book_with_kernel(tmp_path, "def reference(:\n")
+    path = make_case()
+    assert problems(path) == [f"{path}:{line_of(path, 'module: softmax_fusion')}: kernel.module: "
+                              "casebook/kernels/softmax_fusion.py does not parse: line 1: invalid syntax"]
+
+
+def test_kernel_module_is_parsed_once(make_case, tmp_path):
+    from casebook import validate as v
+
+    book_with_kernel(tmp_path, KERNEL)
+    paths = [make_case(name=f"case_{i}") for i in range(3)]
+    v._names.cache_clear()
+    validate(paths)
+    info = v._names.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+
+
+# --- links and ids ---------------------------------------------------------------------------------
+
+
+def test_transfer_link_must_resolve(make_case, line_of):
+    path = make_case({"  - operator: layernorm\n": "  - operator: layernorm\n    case: layernorm_fused\n"})
+    assert problems(path) == [f"{path}:{line_of(path, 'case: layernorm_fused')}: transfers.0.case: "
+                              "no case 'layernorm_fused' in the book"]
+
+
+def test_transfer_link_to_a_case_beside_it(make_case, line_of):
+    make_case(name="layernorm_fusion")
+    path = make_case({"  - operator: layernorm\n": "  - operator: layernorm\n    case: layernorm_fusion\n"})
+    assert problems(path) == []  # resolves even when only this file is validated
+    typo = make_case({"  - operator: layernorm\n": "  - operator: layernorm\n    case: layernorm_fuson\n"})
+    assert problems(typo)[0].endswith("no case 'layernorm_fuson' in the book; did you mean 'layernorm_fusion'?")
+
+
+def test_ids_are_unique_across_folders(tmp_path, softmax_text, line_of):
+    first, second = tmp_path / "a" / "softmax_fusion.yaml", tmp_path / "b" / "softmax_fusion.yaml"
+    for p in (first, second):
+        p.parent.mkdir()
+        p.write_text(softmax_text)
+    assert problems(first, second) == [f"{second}:{line_of(second, 'id: softmax_fusion')}: id: "
+                                       f"id 'softmax_fusion' is also the id of {first}"]
+
+
+def test_paths(make_case, tmp_path):
+    path = make_case()
+    assert len(validate([path, path, path.parent]).files) == 1
+    (tmp_path / "empty").mkdir()
+    assert problems(tmp_path / "nowhere.yaml", tmp_path / "empty") == [
+        f"{tmp_path / 'nowhere.yaml'}:1: file: no such file or folder",
+        f"{tmp_path / 'empty'}:1: file: folder holds no case files (*.yaml)",
+    ]
+
+
+# --- strict ----------------------------------------------------------------------------------------
+
+
+def store_result(path: Path, case_sha: str | None = None, kernel_sha: str | None = None) -> Path:
+    result = path.parent.parent / "results" / "nvidia-h200" / f"{path.stem}.json"
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(json.dumps({"case_sha256": case_sha or provenance.case_sha256(path),
+                                  "kernel_sha256": kernel_sha or provenance.kernel_sha256("softmax_fusion")}))
+    return result
+
+
+def test_strict_warns_about_cuda_only_variants(make_case, line_of):
+    path = make_case()
+    store_result(path)
+    report = validate([path], strict=True)
+    assert report.errors == []
+    assert [str(w) for w in report.warnings] == [
+        f"{path}:{line_of(path, 'backends: [cuda]')}: kernel.variants.2.backends: warning: variant 'torch_compile' "
+        "runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only machines"]
+
+
+def test_strict_wants_results(make_case):
+    path = make_case()
+    [error] = validate([path], strict=True).errors
+    assert str(error).startswith(f"{path}:1: results: no results/<hardware>/softmax_fusion.json: run `casebook run")
+    assert len(problems(path)) == 0
+
+
+def test_strict_stale_results(make_case, line_of):
+    path = make_case()
+    store_result(path, case_sha="0" * 64, kernel_sha="1" * 64)
+    errors = [str(e) for e in validate([path], strict=True).errors]
+    assert errors == [
+        f"{path}:1: results: results/nvidia-h200/softmax_fusion.json is stale: this case file changed since it "
+        "was run; run it again",
+        f"{path}:{line_of(path, 'module: softmax_fusion')}: results: results/nvidia-h200/softmax_fusion.json is "
+        "stale: casebook/kernels/softmax_fusion.py changed since it was run; run it again",
+    ]
+
+
+def test_strict_unreadable_results(make_case):
+    path = make_case()
+    store_result(path).write_text("{not json")
+    [error] = validate([path], strict=True).errors
+    assert "results/nvidia-h200/softmax_fusion.json is unreadable" in str(error)
+
+
+def test_check_command_passes_with_fresh_results(make_case, cli):
+    path = make_case()
+    store_result(path)
+    result = cli("check", path)
+    assert result.exit_code == 0, result.output
+    assert "1 warning" in result.output
+
+
+# --- provenance ------------------------------------------------------------------------------------
+
+
+def test_provenance_hashes_bytes():
+    assert provenance.case_sha256(SOFTMAX) == hashlib.sha256(SOFTMAX.read_bytes()).hexdigest()
+    assert provenance.kernel_sha256("softmax_fusion") == hashlib.sha256(KERNEL.encode()).hexdigest()
+    with pytest.raises(ValueError):
+        provenance.kernel_path("../etc/passwd")
