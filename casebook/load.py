@@ -140,84 +140,80 @@ class _Events:
     def build(self, path: str | Path) -> tuple[Any, dict[Loc, int]]:
         """The single document as dicts, lists and scalars, and `{field path: line}`; raise CaseError."""
         lines: dict[Loc, int] = {(): 1}
-        stack: list[list] = []  # frames: [container, loc, pending key, {key: line}]
+        stack: list[list] = []  # open containers: [container, its loc, pending key (mappings), is a mapping]
         root: Any = None
         documents = 0
+        get_event = self.get_event
 
-        def fail(line0: int, loc: Loc, message: str) -> typing.NoReturn:
-            raise CaseError(path, line0 + 1, _dotted(loc) or "file", message)
+        def fail(line: int, message: str) -> typing.NoReturn:
+            loc: Loc = ()
+            if stack:
+                container, loc, key, is_map = stack[-1]
+                loc += (key,) if is_map and key is not None else ()
+            raise CaseError(path, line, _dotted(loc) or "file", message)
 
-        def place(value: Any, line0: int) -> Loc:
-            """Attach a value to the open container (or make it the root); return its field path."""
-            nonlocal root
-            if not stack:
-                root = value
-                return ()
-            frame = stack[-1]
-            container, loc = frame[0], frame[1]
-            if isinstance(container, list):
-                here = loc + (len(container),)
-                lines[here] = line0 + 1
-                container.append(value)
-                return here
-            if frame[2] is None:  # this value is a key
-                if not isinstance(value, str):
-                    fail(line0, loc, f"key {value!r} is not a name; keys are text (quote it, or rename it)")
-                if value in frame[3]:
-                    fail(line0, loc + (value,), f"duplicate key {value!r} (first at line {frame[3][value]})")
-                frame[3][value] = line0 + 1
-                lines[loc + (value,)] = line0 + 1
-                frame[2] = value
-                return loc
-            here = loc + (frame[2],)
-            container[frame[2]] = value
-            frame[2] = None
-            return here
-
-        def key_position() -> bool:
-            return bool(stack) and isinstance(stack[-1][0], dict) and stack[-1][2] is None
-
-        def where() -> Loc:
-            if not stack:
-                return ()
-            frame = stack[-1]
-            return frame[1] + ((frame[2],) if isinstance(frame[0], dict) and frame[2] is not None else ())
-
-        while True:
-            ev = self.get_event()
-            line0 = ev.start_mark.line
-            if isinstance(ev, yaml.StreamEndEvent):
-                break
-            if isinstance(ev, yaml.DocumentStartEvent):
+        while True:  # one pass, no recursion: depth and aliases are refused as they arrive
+            ev = get_event()
+            kind = type(ev)
+            line = ev.start_mark.line + 1
+            if kind is yaml.ScalarEvent:
+                if ev.anchor is not None or ev.tag is not None:
+                    _check_node(ev, lambda m: fail(line, m))
+                if ev.tag is None:
+                    value = _plain(ev.value) if ev.implicit[0] else ev.value
+                else:
+                    try:
+                        value = _tagged(ev.value, ev.tag)
+                    except ValueError as e:
+                        fail(line, str(e))
+            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+                if ev.anchor is not None or ev.tag is not None:
+                    _check_node(ev, lambda m: fail(line, m))
+                if stack and stack[-1][3] and stack[-1][2] is None:
+                    fail(line, "a mapping or list used as a key; keys are names")
+                if len(stack) >= MAX_DEPTH:
+                    fail(line, f"nested deeper than {MAX_DEPTH} levels")
+                value = {} if kind is yaml.MappingStartEvent else []
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                stack.pop()
+                continue
+            elif kind is yaml.DocumentStartEvent:
                 documents += 1
                 if documents > 1:
-                    fail(line0, (), "several YAML documents (---) in one file; a case file holds exactly one")
+                    fail(line, "several YAML documents (---) in one file; a case file holds exactly one")
                 continue
-            if isinstance(ev, yaml.AliasEvent):
-                fail(line0, where(), f"alias *{ev.anchor} refused: anchors and aliases are not allowed, "
-                                     "write the value out (this also stops alias bombs)")
-            if isinstance(ev, (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                if ev.anchor is not None:
-                    fail(line0, where(), f"anchor &{ev.anchor} refused: anchors and aliases are not allowed, "
-                                         "write the value out")
-                _check_tag(ev.tag, lambda m: fail(line0, where(), m))
-            if isinstance(ev, yaml.ScalarEvent):
-                try:
-                    value = _scalar(ev)
-                except ValueError as e:
-                    fail(line0, where(), str(e))
-                place(value, line0)
-            elif isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                if key_position():
-                    fail(line0, where(), "a mapping or list used as a key; keys are names")
-                if len(stack) >= MAX_DEPTH:
-                    fail(line0, where(), f"nested deeper than {MAX_DEPTH} levels")
-                container: Any = {} if isinstance(ev, yaml.MappingStartEvent) else []
-                loc = place(container, line0)
-                stack.append([container, loc, None, {}])
-            elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                stack.pop()
-        return root, lines
+            elif kind is yaml.AliasEvent:
+                fail(line, f"alias *{ev.anchor} refused: anchors and aliases are not allowed, write the value out "
+                           "(this also stops alias bombs)")
+            elif kind is yaml.StreamEndEvent:
+                return root, lines
+            else:
+                continue
+            # Attach the value to the open container (or make it the root).
+            if not stack:
+                root, here = value, ()
+            else:
+                frame = stack[-1]
+                container, loc, key, is_map = frame
+                if not is_map:
+                    here = loc + (len(container),)
+                    lines[here] = line
+                    container.append(value)
+                elif key is None:  # this scalar is a key
+                    if type(value) is not str:
+                        fail(line, f"key {value!r} is not a name; keys are text (quote it, or rename it)")
+                    if value in container:
+                        raise CaseError(path, line, _dotted(loc + (value,)),
+                                        f"duplicate key {value!r} (first at line {lines[loc + (value,)]})")
+                    lines[loc + (value,)] = line
+                    frame[2] = value
+                    continue
+                else:
+                    here = loc + (key,)
+                    container[key] = value
+                    frame[2] = None
+            if kind is not yaml.ScalarEvent:
+                stack.append([value, here, None, kind is yaml.MappingStartEvent])
 
 
 class CaseLoader(_Events, _BaseLoader):  # type: ignore[misc,valid-type]
@@ -271,8 +267,11 @@ def _syntax_error(e: yaml.YAMLError, text: str, path: str | Path) -> CaseError:
     return CaseError(path, line, "yaml", message)
 
 
-def _check_tag(tag: str | None, fail: Callable[[str], Any]) -> None:
-    """Refuse every tag but the standard plain-data ones; nothing is ever constructed from a tag."""
+def _check_node(ev: yaml.NodeEvent, fail: Callable[[str], Any]) -> None:
+    """Refuse anchors and every tag but the standard plain-data ones; nothing is ever built from a tag."""
+    if ev.anchor is not None:
+        fail(f"anchor &{ev.anchor} refused: anchors and aliases are not allowed, write the value out")
+    tag = ev.tag
     if tag is None or tag == "!":
         return
     name = tag.removeprefix(_STD)
@@ -284,46 +283,59 @@ def _check_tag(tag: str | None, fail: Callable[[str], Any]) -> None:
     fail(f"tag {shown} is not allowed: a case is plain data (text, numbers, true/false, lists, mappings)")
 
 
-def _scalar(ev: yaml.ScalarEvent) -> Any:
-    """The value of a scalar: plain ones resolved by the small dialect above, quoted ones are text."""
-    value, tag = ev.value, ev.tag
-    if tag in (None, "!"):
-        if not ev.implicit[0] or tag == "!":
-            return value
-        for pattern, name in ((_NULL, "null"), (_BOOL, "bool"), (_INT, "int"), (_FLOAT, "float")):
-            if pattern.match(value):
-                tag = _STD + name
-                break
-        else:
-            return value
-    name = tag.removeprefix(_STD)
-    if name == "str":
-        return value
-    if name == "null":
-        if not _NULL.match(value):
-            raise ValueError(f"{value!r} is not null")
+_NOT_TEXT_START = frozenset("-+.0123456789~tTfFnN")
+"""First characters of a plain scalar that may be something other than text."""
+
+
+def _plain(value: str) -> Any:
+    """A plain (unquoted, untagged) scalar: null, true/false, an integer, a float, or else text."""
+    if not value:
         return None
-    if name == "bool":
-        if not _BOOL.match(value):
-            raise ValueError(f"{value!r} is not a boolean: write true or false")
-        return value.lower() == "true"
-    if name == "int":
-        if not _INT.match(value):
-            raise ValueError(f"{value!r} is not an integer")
-        digits = value.replace("_", "")
-        if digits[:2] in ("0x", "0o"):
-            return int(digits[2:], 16 if digits[1] == "x" else 8)
-        return int(digits, 10)
-    if name == "float":
-        if not (_FLOAT.match(value) or _INT.match(value)):
-            raise ValueError(f"{value!r} is not a number")
-        bare = value.lstrip("+-").lower()
-        if bare == ".inf":
-            return -math.inf if value.startswith("-") else math.inf
-        if bare == ".nan":
-            return math.nan
-        return float(value.replace("_", ""))
-    raise ValueError(f"tag !!{name} does not apply to a scalar")
+    if value[0] not in _NOT_TEXT_START:
+        return value
+    if _NULL.match(value):
+        return None
+    if _BOOL.match(value):
+        return value[0] in "tT"
+    if _INT.match(value):
+        return _int(value)
+    if _FLOAT.match(value):
+        return _float(value)
+    return value
+
+
+def _tagged(value: str, tag: str) -> Any:
+    """A scalar with an explicit standard tag (`!!str 12`, `!!float 1`), checked against it."""
+    name = tag.removeprefix(_STD)
+    if name == "str" or tag == "!":
+        return value
+    if name == "null" and _NULL.match(value):
+        return None
+    if name == "bool" and _BOOL.match(value):
+        return value[0] in "tT"
+    if name == "int" and _INT.match(value):
+        return _int(value)
+    if name == "float" and (_FLOAT.match(value) or _INT.match(value)):
+        return _float(value)
+    if name in ("map", "seq"):
+        raise ValueError(f"tag !!{name} on a single value")
+    raise ValueError(f"{value!r} is not a valid !!{name}")
+
+
+def _int(value: str) -> int:
+    digits = value.replace("_", "")
+    if digits[:2] in ("0x", "0o"):
+        return int(digits[2:], 16 if digits[1] == "x" else 8)
+    return int(digits, 10)
+
+
+def _float(value: str) -> float:
+    bare = value.lstrip("+-").lower()
+    if bare == ".inf":
+        return -math.inf if value.startswith("-") else math.inf
+    if bare == ".nan":
+        return math.nan
+    return float(value.replace("_", ""))
 
 
 # --- versions -------------------------------------------------------------------------------------

@@ -63,6 +63,13 @@ def test_yaml_dialect(make_case):
     assert data == {"a": "1:20", "b": 16, "c": 1000, "d": float("inf"), "e": None, "f": "No", "g": "12"}
 
 
+def test_libyaml_and_pure_python_agree(softmax_text):
+    """Without libyaml (some platforms), the pure-Python parser gives the same data and lines."""
+    fast = load._build(load.CaseLoader, softmax_text, "x.yaml")
+    slow = load._build(load._PureLoader, softmax_text, "x.yaml")
+    assert fast == slow
+
+
 # --- syntax ----------------------------------------------------------------------------------------
 
 
