@@ -1,0 +1,302 @@
+"""The tiled Triton GEMM core shared by the GEMM cases (gemm_tiled, gemm_epilogue).
+
+C[m, n] = epilogue(sum_k A[m, k] B[k, n]), accumulated in fp32 and rounded once on the store.
+Three schedules of the same tile computation, simplest first:
+
+  tiled            one program per BLOCK_M x BLOCK_N tile of C; tiles launched in GROUP_M-row bands
+                   (the "grouped" order of Triton tutorial 03) so that the programs resident at one
+                   time share A row-panels and B column-panels in L2
+  persistent       one program per SM, each walking tiles tile_id, tile_id + NUM_SMS, ... in the same
+                   grouped order: no tail of short-lived programs, and the next tile's loads overlap
+                   this tile's epilogue (tutorial 09)
+  tma_persistent   the persistent schedule with tiles moved by the Hopper tensor memory accelerator
+                   (device-side tensor descriptors): fewer address instructions, hardware bounds
+                   handling. Used only where the hardware, the Triton version and the strides allow;
+                   otherwise it runs the `persistent` pointer kernel (see `tma_supported`).
+
+The epilogue is optional: `+ bias[n]` and GELU (the exact erf form, torch's default) applied to the
+fp32 accumulator before the single store. That is the whole of the gemm_epilogue case.
+
+Autotuning: a handful of known-good Hopper configurations per schedule, keyed on M, N, K (and the
+epilogue flags). Under the Triton interpreter (TRITON_INTERPRET=1) each list collapses to one tiny
+configuration so that tests at awkward shapes run in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+"""Read once at import, like Triton itself: kernels are interpreted on CPU tensors."""
+
+INTERPRETER_SMS = 3
+"""Programs of a persistent grid under the interpreter: odd, so that programs get unequal tile counts."""
+
+
+def _configs(gpu: list[tuple[int, int, int, int, int]], group_m: int = 8) -> list[triton.Config]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) tuples; one tiny config under the interpreter."""
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+                          num_stages=s, num_warps=w) for bm, bn, bk, s, w in gpu]
+
+
+# Hopper (sm90, 228 KB shared memory per SM). A 128x256x64 bf16 stage is 48 KB of shared memory, so
+# three stages fit with room for the epilogue; a config that does not fit is dropped by the autotuner.
+TILED_CONFIGS = _configs([
+    (128, 256, 64, 3, 8),
+    (256, 128, 64, 3, 8),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 4, 8),
+    (128, 128, 128, 3, 8),
+    (64, 256, 64, 4, 4),
+    (64, 128, 64, 4, 4),  # few, small tiles: thin problems that would leave SMs idle with 128x256
+])
+PERSISTENT_CONFIGS = _configs([
+    (128, 256, 64, 3, 8),
+    (128, 128, 64, 4, 8),
+    (128, 128, 64, 4, 4),
+    (128, 128, 128, 3, 8),
+    (64, 128, 64, 4, 4),
+])
+# TMA store keeps the C tile in shared memory too: 128x256 bf16 is 64 KB on top of the stages.
+TMA_CONFIGS = _configs([
+    (128, 256, 64, 3, 8),
+    (128, 128, 64, 4, 8),
+    (128, 128, 64, 4, 4),
+    (128, 128, 128, 3, 8),
+    (64, 128, 64, 4, 4),
+])
+
+KEY = ["M", "N", "K", "HAS_BIAS", "GELU"]
+_EVEN_K = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
+
+
+# --- pieces shared by the three kernels ----------------------------------------------------------
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    # Grouped order: walk GROUP_M tile-rows column by column, so that consecutive tile ids (the
+    # programs resident together) reuse GROUP_M A panels and a few B panels from L2.
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST_DOT: tl.constexpr):
+    # The interpreter multiplies bf16 bit patterns as integers (numpy has no bf16): upcast there only.
+    if UPCAST_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, GELU: tl.constexpr):
+    # On the fp32 accumulator, in registers: no extra pass over C.
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    if GELU:
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # x * Phi(x), exact form
+    return acc
+
+
+# --- schedule 1: one program per tile, grouped order ---------------------------------------------
+
+
+@triton.autotune(configs=TILED_CONFIGS, key=KEY)
+@triton.heuristics(_EVEN_K)
+@triton.jit
+def _tiled_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    # Rows/columns past the edge are clamped to 0 instead of masked: loads stay unmasked along M and N
+    # (the store is masked), and the hints keep them vectorised.
+    offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_am = tl.max_contiguous(tl.multiple_of(tl.where(offs_am < M, offs_am, 0), BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(tl.where(offs_bn < N, offs_bn, 0), BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - kt * BLOCK_K, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - kt * BLOCK_K, other=0.0)
+        acc = _mma(a, b, acc, UPCAST_DOT)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+    c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+
+# --- schedule 2: one program per SM, same grouped order ------------------------------------------
+
+
+@triton.autotune(configs=PERSISTENT_CONFIGS, key=KEY)
+@triton.heuristics(_EVEN_K)
+@triton.jit
+def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+                       stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                       HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                       NUM_SMS: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k_base = tl.arange(0, BLOCK_K)
+    # A second tile counter for the epilogue (as in tutorial 09): with flatten=True the compiler
+    # pipelines across tiles, and keeping prologue and epilogue values apart keeps that legal.
+    tile_id_c = start - NUM_SMS
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_am = tl.max_contiguous(tl.multiple_of(tl.where(offs_am < M, offs_am, 0), BLOCK_M), BLOCK_M)
+        offs_bn = tl.max_contiguous(tl.multiple_of(tl.where(offs_bn < N, offs_bn, 0), BLOCK_N), BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            offs_k = kt * BLOCK_K + offs_k_base
+            a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+            b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=offs_k_base[None, :] < K - kt * BLOCK_K, other=0.0)
+                b = tl.load(b_ptrs, mask=offs_k_base[:, None] < K - kt * BLOCK_K, other=0.0)
+            acc = _mma(a, b, acc, UPCAST_DOT)
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+        c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+
+# --- schedule 3: persistent, tiles moved by TMA --------------------------------------------------
+
+
+@triton.autotune(configs=TMA_CONFIGS, key=KEY)
+@triton.jit
+def _tma_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+                           stride_am, stride_bk, stride_cm,
+                           HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                           NUM_SMS: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr):
+    # The descriptors carry shape and strides: TMA zero-fills reads past the edge and clips writes,
+    # so the kernel has no masks at all (only the bias load).
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tile_id_c = start - NUM_SMS
+    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
+            acc = _mma(a, b, acc, UPCAST_DOT)
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+
+
+# --- launchers ------------------------------------------------------------------------------------
+
+
+def num_sms(t: torch.Tensor) -> int:
+    """Programs of a persistent grid: the SM count on a GPU, a small odd number under the interpreter."""
+    if t.is_cuda:
+        return torch.cuda.get_device_properties(t.device).multi_processor_count
+    return INTERPRETER_SMS
+
+
+def _tma_alloc(size: int, alignment: int, stream):
+    # Device-side descriptors need a little global scratch per launch (128 bytes per program).
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def tma_supported(*tensors: torch.Tensor) -> bool:
+    """True where the TMA path is valid: Triton has device-side tensor descriptors; on a GPU, sm90+;
+    every tensor unit-stride in its last dimension with 16-byte-aligned base and row strides."""
+    if not (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")):
+        return False
+    for t in tensors:
+        if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
+            return False
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False,
+           schedule: str = "tiled") -> torch.Tensor:
+    """C = [gelu](A @ B [+ bias]) with A [M, K], B [K, N], bias [N]; C has A's dtype.
+
+    schedule: "tiled", "persistent" or "tma_persistent" (which runs "persistent" where TMA is not valid).
+    """
+    M, K = a.shape
+    K_b, N = b.shape
+    if K != K_b:
+        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if max(a.numel(), b.numel(), M * N) >= 2**31:
+        raise ValueError("offsets are 32-bit: every operand must have fewer than 2**31 elements")
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else c  # never read when HAS_BIAS is False
+    flags = dict(HAS_BIAS=has_bias, GELU=gelu, UPCAST_DOT=a.dtype == torch.bfloat16 and not a.is_cuda)
+
+    if schedule == "tma_persistent" and tma_supported(a, b, c):
+        if a.is_cuda:
+            triton.set_allocator(_tma_alloc)
+        sms = num_sms(a)
+        grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        _tma_persistent_kernel[grid](a, b, c, bias_arg, M, N, K, a.stride(0), b.stride(0), c.stride(0),
+                                     NUM_SMS=sms, **flags)
+        return c
+    args = (a, b, c, bias_arg, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    if schedule == "tiled":
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        _tiled_kernel[grid](*args, **flags)
+    elif schedule in ("persistent", "tma_persistent"):
+        sms = num_sms(a)
+        grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        _persistent_kernel[grid](*args, NUM_SMS=sms, **flags)
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}")
+    return c

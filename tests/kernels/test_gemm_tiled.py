@@ -1,0 +1,130 @@
+"""gemm_tiled: every variant against the float64 reference at small awkward shapes (Triton through the
+interpreter), the traffic model, the SwiGLU scenario, and an sm90 compile of every GPU config."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
+
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from casebook.kernels import gemm_common, gemm_tiled as mod
+
+REPO = Path(__file__).resolve().parents[2]
+CASE = yaml.safe_load((REPO / "cases" / "gemm_tiled.yaml").read_text())
+TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float16, torch.bfloat16]
+ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+# The case's CPU shapes, plus: one row; K shorter than a tile; TMA-aligned but not tile-aligned.
+SHAPES = CASE["levels"]["kernel"]["cpu_shapes"] + [{"m": 1, "n": 40, "k": 24}, {"m": 33, "n": 8, "k": 8},
+                                                   {"m": 70, "n": 40, "k": 48}]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def inputs(shape: dict, dtype: torch.dtype, seed: int = 0) -> dict:
+    return mod.make_inputs(shape, dtype, "cpu", torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s.values())))
+@pytest.mark.parametrize("fn", ON_CPU)
+def test_variant_matches_reference(fn, shape, dtype):
+    x = inputs(shape, dtype, seed=zlib.crc32(f"{fn}{shape}{dtype}".encode()))
+    out = getattr(mod, fn)(**x)
+    assert out.shape == (shape["m"], shape["n"]) and out.dtype == dtype
+    assert rel_err(out, mod.reference(**{k: v.double() for k, v in x.items()})) < TOL[dtype]
+
+
+def test_tma_path_is_taken_where_valid_and_skipped_where_not():
+    aligned = inputs({"m": 70, "n": 40, "k": 48}, torch.float16)
+    odd = inputs({"m": 37, "n": 53, "k": 29}, torch.float16)
+    assert gemm_common.tma_supported(aligned["a"], aligned["b"])
+    assert not gemm_common.tma_supported(odd["a"], odd["b"])  # 29 x 2 B rows are not 16-byte aligned
+
+
+def test_inputs_are_seeded_random_and_scaled():
+    s = {"m": 64, "n": 48, "k": 32}
+    a, b = inputs(s, torch.float32, 7), inputs(s, torch.float32, 7)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["a"], inputs(s, torch.float32, 8)["a"])
+    assert set(a) == {"a", "b"} and a["a"].shape == (64, 32) and a["b"].shape == (32, 48)
+    assert 0.5 < (a["a"] @ a["b"]).std().item() < 2.0  # fan-in scaling keeps C near unit variance
+
+
+def test_traffic_is_the_gemm_floor():
+    t = mod.traffic({"m": 4096, "n": 4096, "k": 4096}, torch.bfloat16)
+    assert t.flops == 2 * 4096**3
+    assert t.bytes == 3 * 4096 * 4096 * 2
+    assert [term.name for term in t.terms][:3] == ["read a", "read b", "write c"]
+    assert 1300 < t.flops / t.bytes < 1400  # the arithmetic intensity the YAML states
+
+
+def test_swiglu_scenario_with_triton_matches_torch():
+    e2e = CASE["levels"]["end_to_end"]
+    x = mod.make_mlp_inputs(e2e["cpu_shape"], torch.float16, "cpu", torch.Generator().manual_seed(0))
+    want = mod.swiglu_mlp(mod.torch_matmul, **x)
+    got = mod.swiglu_mlp(getattr(mod, e2e["variant"]), **x)
+    assert got.shape == (e2e["cpu_shape"]["tokens"], e2e["cpu_shape"]["hidden"])
+    assert rel_err(got, want.double()) < 1e-2
+
+
+SM90_COMPILE = textwrap.dedent("""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from casebook.kernels import gemm_common as gc
+
+    def jit(k):
+        while not isinstance(k, triton.runtime.jit.JITFunction):
+            k = k.fn
+        return k
+
+    def build(kernel, cfg, consts):
+        fn = jit(kernel)
+        consts = {**consts, **cfg.kwargs}
+        consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+        sig = {n: ("*bf16" if n.endswith("_ptr") else "constexpr" if n in consts else "i32") for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n] != "constexpr"}
+        ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 64),
+                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        assert "wgmma" in ck.asm["ptx"], "no Hopper tensor-core instructions"
+        assert ck.metadata.shared <= 232448, f"{ck.metadata.shared} B of shared memory"
+        return ck
+
+    base = dict(HAS_BIAS=True, GELU=True, UPCAST_DOT=False, EVEN_K=True, NUM_SMS=132,
+                stride_ak=1, stride_bn=1, stride_cn=1)
+    for kernel, configs in ((gc._tiled_kernel, gc.TILED_CONFIGS), (gc._persistent_kernel, gc.PERSISTENT_CONFIGS),
+                            (gc._tma_persistent_kernel, gc.TMA_CONFIGS)):
+        for cfg in configs:
+            ck = build(kernel, cfg, base)
+            print(jit(kernel).__name__, cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"],
+                  cfg.num_stages, cfg.num_warps, ck.metadata.shared)
+    print("ok")
+""")
+
+
+def test_every_gpu_config_compiles_for_sm90():
+    """Without a GPU: Triton compiles each kernel and config down to sm90 PTX and cubin (ptxas is bundled)."""
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    r = subprocess.run([sys.executable, "-c", SM90_COMPILE], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
