@@ -108,12 +108,7 @@ def check_ids(cases: list[tuple[Path, Case, Lines]]) -> list[CaseError]:
 def book_ids(cases: list[tuple[Path, Case, Lines]]) -> frozenset[str]:
     """Ids a link may name: the cases read, and every case file beside them."""
     folders = {path.resolve().parent for path, _, _ in cases}
-    return frozenset({case.id for _, case, _ in cases} | {s for d in folders for s in _stems(d)})
-
-
-@functools.lru_cache(maxsize=64)
-def _stems(folder: Path) -> frozenset[str]:
-    return frozenset(f.stem for f in folder.glob("*.yaml"))
+    return frozenset({case.id for _, case, _ in cases} | {f.stem for d in folders for f in d.glob("*.yaml")})
 
 
 def check_links(case: Case, lines: Lines, ids: frozenset[str]) -> list[CaseError]:

@@ -156,7 +156,7 @@ def test_new_refuses_to_overwrite(cli, book):
     assert not (book / "casebook" / "kernels" / "taken.py").exists()
 
 
-@pytest.mark.parametrize("name", ["ScaledAdd", "scaled-add", "1st_case", "_private", "a" * 65, "../escape"])
+@pytest.mark.parametrize("name", ["ScaledAdd", "scaled-add", "1st_case", "_private", "a" * 65, "../escape", "lambda"])
 def test_new_wants_lower_snake_case(cli, book, name):
     result = cli("new", name)
     assert result.exit_code == 2

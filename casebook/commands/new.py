@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 import re
 from importlib import resources
 from pathlib import Path
@@ -18,9 +19,9 @@ def main(name: str, root: Path = Path(".")) -> int:
     from casebook.validate import validate
 
     out = Console(highlight=False, soft_wrap=True)
-    if not NAME.match(name):
+    if not NAME.match(name) or keyword.iskeyword(name):
         out.print(Text(f"{name!r} is not a case id: use lower_snake_case (a-z, 0-9 and _, starting with a letter, "
-                       "at most 64 characters)", style="red"))
+                       "at most 64 characters, not a Python keyword)", style="red"))
         return 2
     kernels = root / "casebook" / "kernels"
     if not kernels.is_dir():
