@@ -1,0 +1,115 @@
+"""The book as the site sees it: every validated case with its stored results, marked stale or not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from casebook.load import load_case
+from casebook.provenance import case_sha256, kernel_path, kernel_sha256
+from casebook.results import load as load_result
+from casebook.schema import Case, Result
+
+class BookError(ValueError):
+    """A case or result that cannot be rendered; the build fails with this message."""
+
+
+def kernel_source(module: str) -> str | None:
+    """The kernel module as text (never imported), or None when the file is missing."""
+    path = kernel_path(module)
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+@dataclass
+class StoredResult:
+    """One results/<hardware>/<case>.json with what makes it stale."""
+
+    result: Result
+    path: Path
+    stale: list[str] = field(default_factory=list)
+
+    @property
+    def slug(self) -> str:
+        return str(self.result.hardware.get("slug") or self.path.parent.name)
+
+    @property
+    def hardware_name(self) -> str:
+        return str(self.result.hardware.get("name") or self.slug)
+
+
+@dataclass
+class Entry:
+    """A case, its file, and its results on every machine (sorted by hardware slug)."""
+
+    case: Case
+    path: Path
+    results: list[StoredResult] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.case.id
+
+
+@dataclass
+class Book:
+    entries: list[Entry]
+    warnings: list[str] = field(default_factory=list)
+
+    def get(self, case_id: str) -> Entry | None:
+        return next((e for e in self.entries if e.id == case_id), None)
+
+    def hardware(self) -> dict[str, list[StoredResult]]:
+        """Results grouped by machine slug."""
+        out: dict[str, list[StoredResult]] = {}
+        for e in self.entries:
+            for r in e.results:
+                out.setdefault(r.slug, []).append(r)
+        return dict(sorted(out.items()))
+
+
+def load_book(cases_dir: Path, results_dir: Path) -> Book:
+    """Every case under cases_dir and every result under results_dir; invalid files raise BookError."""
+    entries: list[Entry] = []
+    errors: list[str] = []
+    for path in sorted(cases_dir.glob("*.yaml")):
+        try:
+            case = load_case(path)
+        except Exception as err:  # the loader's message names the file and line
+            errors.append(f"{path}: {err}")
+            continue
+        if case.id != path.stem:
+            errors.append(f"{path}: id {case.id!r} differs from the file stem {path.stem!r}")
+            continue
+        entries.append(Entry(case, path))
+    if errors:
+        raise BookError("invalid case(s):\n" + "\n".join(errors))
+    book = Book(entries)
+    for path in sorted(results_dir.glob("*/*.json")) if results_dir.is_dir() else []:
+        _attach(book, path)
+    return book
+
+
+def _attach(book: Book, path: Path) -> None:
+    try:
+        result = load_result(path)
+    except Exception as err:  # ResultError names the file; a ValidationError does not
+        raise BookError(f"{path}: not a valid result: {err}") from err
+    entry = book.get(result.case_id)
+    if entry is None or result.case_id != path.stem:
+        book.warnings.append(f"{path}: result for case {result.case_id!r}, which is not in the book; skipped")
+        return
+    stored = StoredResult(result, path, stale_reasons(entry, result))
+    entry.results.append(stored)
+
+
+def stale_reasons(entry: Entry, result: Result) -> list[str]:
+    """Why a stored result no longer describes the current case and kernel (empty: it does)."""
+    reasons = []
+    if result.case_sha256 != case_sha256(entry.path):
+        reasons.append(f"the case file {entry.path.name} changed since the run")
+    module = entry.case.kernel.module
+    if not kernel_path(module).is_file():
+        reasons.append(f"the kernel module {module}.py is missing")
+    elif result.kernel_sha256 != kernel_sha256(module):
+        reasons.append(f"the kernel module {module}.py changed since the run")
+    return reasons

@@ -1,0 +1,150 @@
+"""What each chart shows, as plain data for `plots`: picked out of cases and stored results."""
+
+from __future__ import annotations
+
+import math
+
+from casebook.render.book import Entry, StoredResult
+from casebook.render.text import plain, shape_short
+from casebook.schema import Point
+
+
+def measured_roofs(result_hw: dict, points: list[Point] | None = None) -> dict:
+    """The measured ceilings: copy bandwidth; per dtype, the compute roof the run used (else matmul)."""
+    m = result_hw.get("measured") or {}
+    compute = dict(m.get("matmul_tflops") or {})
+    if points:
+        used: dict[str, float] = {}
+        for p in points:
+            roof = getattr(p, "compute_roof_tflops", None)
+            if _ok(roof):
+                used[p.dtype] = roof
+        compute = used or {d: v for d, v in compute.items() if d in {p.dtype for p in points}} or compute
+    return {"bandwidth_gbps": m.get("copy_gbps"), "compute_tflops": _clean(compute), "launch_us": m.get("launch_us")}
+
+
+def datasheet_roofs(result_hw: dict, dtypes: set[str] | None = None) -> dict | None:
+    d = result_hw.get("datasheet")
+    if not d:
+        return None
+    peaks = _clean(d.get("peak_tflops") or {})
+    if dtypes:
+        peaks = {k: v for k, v in peaks.items() if k in dtypes} or peaks
+    return {"bandwidth_gbps": d.get("bandwidth_gbps"), "compute_tflops": peaks}
+
+
+def ceiling_tflops(p: Point) -> float | None:
+    """The point's own attainable ceiling: min(compute, bandwidth x AI, FLOPs / launch floor)."""
+    attainable = getattr(p, "attainable_tflops", None)
+    if _ok(attainable) and attainable > 0:
+        return attainable
+    floor = getattr(p, "floor_us", None)
+    if _ok(floor) and floor > 0 and _ok(p.flops):
+        return p.flops / floor / 1e6
+    return None
+
+
+def roofline(entry: Entry, stored: StoredResult) -> dict | None:
+    points = [p for p in stored.result.kernel_level if p.status == "ok"]
+    if not points:
+        return None
+    variants = [v.name for v in entry.case.kernel.variants]
+    return {
+        "hardware": plain(stored.hardware_name),
+        "variants": variants,
+        "baseline": entry.case.kernel.baseline,
+        "measured": measured_roofs(stored.result.hardware, points),
+        "datasheet": datasheet_roofs(stored.result.hardware, {p.dtype for p in points}),
+        "shapes": list(dict.fromkeys(shape_short(p.shape) for p in stored.result.kernel_level)),
+        "points": [{"variant": p.variant, "dtype": p.dtype, "shape": shape_short(p.shape),
+                    "ai": _pos(p.arithmetic_intensity), "tflops": _pos(p.tflops),
+                    "ceiling_tflops": _pos(ceiling_tflops(p)), "roof_fraction": p.roof_fraction
+                    if _ok(p.roof_fraction) else None} for p in points],
+    }
+
+
+def speedups(entry: Entry, stored: StoredResult) -> dict | None:
+    wl = stored.result.workload_level or {}
+    raw = wl.get("points") or []
+    baseline = entry.case.kernel.baseline
+    shapes: list[str] = []
+    weights: dict[str, float] = {}
+    series: dict[str, dict[str, float]] = {}
+    for p in raw:
+        label = shape_short(p.get("shape") or {})
+        if label not in weights:
+            shapes.append(label)
+            weights[label] = float(p.get("weight") or 0)
+        if p.get("variant") != baseline and _ok(p.get("speedup")):
+            series.setdefault(p["variant"], {})[label] = p["speedup"]
+    if not series:
+        return None
+    total = sum(weights.values()) or 1.0
+    order = [v.name for v in entry.case.kernel.variants if v.name in series]
+    return {
+        "hardware": plain(stored.hardware_name),
+        "variants": [v.name for v in entry.case.kernel.variants],
+        "baseline": baseline,
+        "shapes": shapes,
+        "weights": [weights[s] / total for s in shapes],
+        "series": {v: [series[v].get(s) for s in shapes] for v in order},
+        "geomean": {s["variant"]: s["geomean_speedup"] for s in wl.get("summary") or []
+                    if _ok(s.get("geomean_speedup"))},
+    }
+
+
+def amdahl(entry: Entry, stored: StoredResult, colors: dict[str, str]) -> dict | None:
+    e = stored.result.end_to_end or {}
+    need = ("baseline_us", "kernel_share", "kernel_speedup")
+    if e.get("status", "ok") != "ok" or not all(_ok(e.get(k)) for k in need):
+        return None
+    return {"hardware": plain(stored.hardware_name), "baseline": plain(e.get("baseline", "baseline")),
+            "variant": plain(e.get("variant", "variant")), "baseline_us": e["baseline_us"],
+            "variant_us": e.get("variant_us") if _ok(e.get("variant_us")) else None,
+            "kernel_share": e["kernel_share"], "kernel_speedup": e["kernel_speedup"],
+            "color_base": colors.get(e.get("baseline"), "#7f7f7f"),
+            "color_variant": colors.get(e.get("variant"), "#0072B2")}
+
+
+def best_variant(entry: Entry, stored: StoredResult) -> str | None:
+    """The variant closest to its roof: highest median roof fraction over its timed level-1 points."""
+    by: dict[str, list[float]] = {}
+    for p in stored.result.kernel_level:
+        if p.status == "ok" and _ok(p.roof_fraction):
+            by.setdefault(p.variant, []).append(p.roof_fraction)
+    if not by:
+        return None
+    return max(by, key=lambda v: (sorted(by[v])[len(by[v]) // 2], len(by[v])))
+
+
+def atlas(hardware_name: str, pairs: list[tuple[Entry, StoredResult]]) -> dict | None:
+    points = []
+    hw = None
+    for entry, stored in pairs:
+        best = best_variant(entry, stored)
+        if best is None:
+            continue
+        hw = hw or stored.result.hardware
+        for p in stored.result.kernel_level:
+            if p.variant == best and p.status == "ok" and _pos(p.arithmetic_intensity) and _pos(p.tflops):
+                points.append({"case": entry.id, "variant": best, "ai": p.arithmetic_intensity, "tflops": p.tflops})
+    if not points:
+        return None
+    return {"hardware": plain(hardware_name), "points": points, "measured": measured_roofs(hw),
+            "datasheet": datasheet_roofs(hw)}
+
+
+def ceilings(hardware_name: str, hw: dict) -> dict:
+    return {"hardware": plain(hardware_name), "measured": measured_roofs(hw), "datasheet": datasheet_roofs(hw)}
+
+
+def _ok(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _pos(x: object) -> float | None:
+    return float(x) if _ok(x) and x > 0 else None
+
+
+def _clean(d: dict) -> dict[str, float]:
+    return {str(k): float(v) for k, v in d.items() if _ok(v) and v > 0}

@@ -1,0 +1,83 @@
+"""mkdocs hooks (named in mkdocs.yml): the generated pages and images join the hand-written docs.
+
+Nothing is written into docs/: pages and SVGs are handed to mkdocs as generated files, so that
+`mkdocs build`, `mkdocs serve` and `casebook build` all see the same site and git sees nothing.
+Where the cases and results are read from: CASEBOOK_CASES / CASEBOOK_RESULTS, else cases/ and
+results/ beside mkdocs.yml.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # mkdocs loads hooks by path; casebook may not be installed
+    sys.path.insert(0, str(ROOT))
+
+from mkdocs.structure.files import File, Files  # noqa: E402
+
+from casebook.render import links, site  # noqa: E402
+from casebook.render.book import Book, BookError, load_book  # noqa: E402
+
+log = logging.getLogger("mkdocs.plugins.casebook")
+_state: dict = {}
+
+
+def _dirs(config) -> tuple[Path, Path, Path]:
+    base = Path(config.config_file_path).parent
+    cases = Path(os.environ.get("CASEBOOK_CASES") or base / "cases")
+    results = Path(os.environ.get("CASEBOOK_RESULTS") or base / "results")
+    cache = Path(os.environ.get("CASEBOOK_PLOT_CACHE") or base / ".cache" / "casebook-plots")
+    return cases, results, cache
+
+
+def on_config(config):
+    """Load and validate the book (a bad case fails the build), and list every case in the nav."""
+    cases, results, _ = _dirs(config)
+    try:
+        book = load_book(cases, results)
+    except BookError as err:
+        raise SystemExit(f"casebook: {err}") from None
+    for warning in book.warnings:
+        log.warning(warning)  # counted by --strict
+    _state["book"] = book
+    _extend_nav(config.nav, book)
+    return config
+
+
+def _extend_nav(nav: list | None, book: Book) -> None:
+    """Append one entry per case under the nav section that holds cases/index.md."""
+    for item in nav or []:
+        if isinstance(item, dict):
+            for value in item.values():
+                if isinstance(value, list) and links.CASE_INDEX in value:
+                    value[:] = [links.CASE_INDEX] + [{html.escape(e.case.title): links.case_page(e.id)} for e in book.entries]
+                    return
+                if isinstance(value, list):
+                    _extend_nav(value, book)
+
+
+def on_files(files: Files, config) -> Files:
+    book: Book = _state["book"]
+    _, _, cache = _dirs(config)
+    generated = site.plan(book)
+    for path, markdown in generated.pages.items():
+        files.append(File.generated(config, path, content=markdown))
+    workers = int(os.environ.get("CASEBOOK_WORKERS", "0")) or None
+    for path, svg in site.draw(generated.images, cache if not os.environ.get("CASEBOOK_NO_CACHE") else None,
+                               workers).items():
+        files.append(File.generated(config, path, content=svg))
+    return files
+
+
+def on_serve(server, config, builder):
+    """Rebuild the preview when a case, a result or a kernel module changes."""
+    cases, results, _ = _dirs(config)
+    for path in (cases, results, ROOT / "casebook" / "kernels"):
+        if path.is_dir():
+            server.watch(str(path))
+    return server

@@ -1,0 +1,296 @@
+"""Markdown for every generated page, from Jinja templates in casebook/templates/site-*.md.j2.
+
+The environment escapes every `{{ value }}` with `text.esc` (HTML and Markdown syntax both), so a
+template cannot forget to; only values built here as `Markup` (notes rendered safely, source code
+placed inside a fence) pass through as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import re
+
+import jinja2
+import yaml
+from markupsafe import Markup
+
+from casebook.render import links, text, views
+from casebook.render.book import Book, Entry, kernel_source
+from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
+
+
+def _finalize(value: object) -> object:
+    if value is None:
+        return "–"
+    return text.esc(value)
+
+
+@functools.cache
+def env() -> jinja2.Environment:
+    e = jinja2.Environment(
+        loader=jinja2.PackageLoader("casebook", "templates"),
+        autoescape=True, finalize=_finalize, trim_blocks=True, lstrip_blocks=False,
+        keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+    )
+    e.filters.update(ident=_ident, shell=_shell, num=text.num, pct=text.pct, times=text.times, us=text.us, shape=text.shape,
+                     shape_short=text.shape_short)
+    return e
+
+
+def _ident(value: object) -> Markup:
+    """An id for a code span or block, where entities would show: passed raw only if it is an id."""
+    s = str(value)
+    if re.fullmatch(r"[A-Za-z0-9_.-]+", s):
+        return Markup(s)
+    return text.esc(s)
+
+
+def _shell(value: object) -> Markup:
+    """A command for a ```bash block: raw when it is plain words, else refused (a block shows entities)."""
+    s = text.plain(value)
+    if re.fullmatch(r"[A-Za-z0-9_ ./=:,+-]+", s):
+        return Markup(s)
+    return Markup("# (the stored command has unusual characters; see the result file)")
+
+
+def render(template: str, **context) -> str:
+    return env().get_template(f"site-{template}.md.j2").render(**context)
+
+
+def front_matter(title: str, **extra) -> Markup:
+    """YAML front matter written by the YAML dumper (never by string pasting); the title HTML-escaped,
+    because the theme prints it into <title> and the navigation without escaping."""
+    return Markup(yaml.safe_dump({"title": html.escape(text.plain(title)), **extra}, allow_unicode=True,
+                                 sort_keys=False).strip())
+
+
+# --- the case page ---------------------------------------------------------------------------
+
+
+def case_page(entry: Entry, book: Book, images: dict[tuple[str, str], str]) -> str:
+    c = entry.case
+    page = links.case_page(c.id)
+    machines = []
+    for stored in entry.results:
+        mine = {kind: links.rel(page, path) for (slug, kind), path in images.items() if slug == stored.slug}
+        m = views.machine(entry, stored, mine)
+        m.hardware_url = links.rel(page, links.HARDWARE, stored.slug)
+        machines.append(m)
+    tags = list(dict.fromkeys([c.operator, c.bottleneck.kind, *c.patterns, *c.tags]))
+    source = kernel_source(c.kernel.module)
+    return render(
+        "case",
+        c=c,
+        front_matter=front_matter(c.title, description=text.plain(c.summary)[:300], tags=tags),
+        bottleneck_title=BOTTLENECKS[c.bottleneck.kind][0],
+        ridges=[r for r in (views.ridge(entry, s) for s in entry.results) if r],
+        patterns=[{"title": PATTERNS[p][0], "gloss": PATTERNS[p][1],
+                   "url": links.rel(page, links.BY_PATTERN, p)} for p in c.patterns],
+        transfers=[_transfer(t, page, book) for t in c.transfers],
+        machines=machines,
+        shapes_words="; ".join(text.shape(s) for s in c.levels.kernel.shapes),
+        claims=_claims(entry, machines),
+        counters=any(m.counters for m in machines),
+        notes=text.markdown_html(c.writeup.notes) if c.writeup.notes.strip() else None,
+        source=Markup(_indent(source, 4)) if source is not None else None,
+        source_lines=source.count("\n") + 1 if source else 0,
+        fence=Markup("`" * max(3, _longest_run(source or "", "`") + 1)),
+    )
+
+
+def _transfer(t, page: str, book: Book) -> dict:
+    target = book.get(t.case) if t.case else None
+    return {"operator": t.operator, "why": t.why,
+            "url": links.rel(page, links.BY_OPERATOR, t.operator),
+            "case": target.case.title if target else None,
+            "case_url": links.rel(page, links.case_page(target.id)) if target else None}
+
+
+def _claims(entry: Entry, machines: list[views.Machine]) -> list[dict]:
+    """One row per claim of the case, one outcome per machine (matched by claim text)."""
+    rows = []
+    for claim in entry.case.claims:
+        outcomes = []
+        for m in machines:
+            found = next((o for o in m.claims if o["text"] == claim.text), None)
+            if found is None:
+                outcomes.append({"mark": "·", "word": "not checked", "css": "cb-na", "detail": ""})
+                continue
+            word, css, mark = CLAIM_MARK[found["held"]]
+            outcomes.append({"mark": mark, "word": word, "css": css, "detail": found["detail"]})
+        rows.append({"text": claim.text, "outcomes": outcomes})
+    return rows
+
+
+def _indent(source: str, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + line if line.strip() else "" for line in source.splitlines())
+
+
+def _longest_run(s: str, ch: str) -> int:
+    return max((len(m) for m in re.findall(f"{re.escape(ch)}+", s)), default=0)
+
+
+# --- ways in ---------------------------------------------------------------------------------
+
+
+def case_index(book: Book) -> str:
+    page = links.CASE_INDEX
+    return render("cases", front_matter=front_matter("All cases"),
+                  rows=[views.case_row(e, page) for e in book.entries],
+                  browse={k: links.rel(page, v) for k, v in _browse().items()})
+
+
+def by_bottleneck(book: Book) -> str:
+    page = links.BY_BOTTLENECK
+    groups = []
+    for kind, (title, gloss) in BOTTLENECKS.items():
+        entries = [e for e in book.entries if e.case.bottleneck.kind == kind]
+        groups.append({"kind": kind, "title": title, "gloss": gloss,
+                       "rows": [views.case_row(e, page) for e in entries],
+                       "stages": {e.id: e.case.bottleneck.stages for e in entries}})
+    return render("by-bottleneck", front_matter=front_matter("Cases by bottleneck"), groups=groups)
+
+
+def by_pattern(book: Book) -> str:
+    page = links.BY_PATTERN
+    groups = [{"pattern": p, "anchor": links.anchor(p), "title": title, "gloss": gloss,
+               "rows": [views.case_row(e, page) for e in book.entries if p in e.case.patterns]}
+              for p, (title, gloss) in PATTERNS.items()]
+    return render("by-pattern", front_matter=front_matter("Cases by pattern"), groups=groups)
+
+
+def by_operator(book: Book) -> str:
+    page = links.BY_OPERATOR
+    groups = [{"operator": op, "anchor": links.anchor(op),
+               "rows": [views.case_row(e, page) for e in d["cases"]],
+               "incoming": [{"case": views.case_row(e, page), "why": t.why} for e, t in d["incoming"]]}
+              for op, d in views.operators(book).items()]
+    return render("by-operator", front_matter=front_matter("Cases by operator"), groups=groups)
+
+
+def by_hardware(book: Book) -> str:
+    page = links.BY_HARDWARE
+    groups = []
+    for slug, results in book.hardware().items():
+        rows = []
+        for stored in results:
+            entry = book.get(stored.result.case_id)
+            m = views.machine(entry, stored, {})
+            rows.append({"case": views.case_row(entry, page), "date": stored.result.started_at[:10],
+                         "best": m.best or "–", "roof": text.pct(m.best_roof), "claims": m.claims_held,
+                         "stale": bool(stored.stale)})
+        groups.append({"slug": slug, "name": results[0].hardware_name, "anchor": links.anchor(slug),
+                       "hardware_url": links.rel(page, links.HARDWARE, slug), "rows": rows})
+    return render("by-hardware", front_matter=front_matter("Cases by hardware"), groups=groups,
+                  unmeasured=[views.case_row(e, page) for e in book.entries if not e.results])
+
+
+def transfers(book: Book) -> str:
+    page = links.TRANSFERS
+    rows = []
+    for e in book.entries:
+        for t in e.case.transfers:
+            target = book.get(t.case) if t.case else None
+            rows.append({"case": views.case_row(e, page), "operator": t.operator, "why": t.why,
+                         "operator_url": links.rel(page, links.BY_OPERATOR, t.operator),
+                         "target": views.case_row(target, page) if target else None})
+    return render("transfers", front_matter=front_matter("Transfer graph"), rows=rows,
+                  graph=Markup(mermaid_graph(book)))
+
+
+def mermaid_graph(book: Book) -> str:
+    """case -> operator (or -> case) edges. Labels are reduced to safe characters: Mermaid has its own syntax."""
+    lines = ["flowchart LR"]
+    ops: dict[str, str] = {}
+    for e in book.entries:
+        lines.append(f'  c_{e.id}(["{_mermaid_label(e.id)}"]):::case')
+    for e in book.entries:
+        for t in e.case.transfers:
+            if t.case and book.get(t.case):
+                lines.append(f"  c_{e.id} --> c_{t.case}")
+                continue
+            key = links.anchor(t.operator)
+            if key not in ops:
+                ops[key] = f"o{len(ops)}"
+                lines.append(f'  {ops[key]}["{_mermaid_label(t.operator)}"]:::operator')
+            lines.append(f"  c_{e.id} --> {ops[key]}")
+    lines.append("  classDef case fill:#e8f0fe,stroke:#3f51b5,color:#1a237e")
+    lines.append("  classDef operator fill:#fff8e1,stroke:#b28704,color:#4e3b00")
+    return "\n".join(lines)
+
+
+def _mermaid_label(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9 _.+/-]", " ", text.plain(s))[:48].strip() or "?"
+
+
+def tags_page() -> str:
+    return render("tags", front_matter=front_matter("Tags"))
+
+
+def atlas(book: Book, images: dict[str, str]) -> str:
+    page = links.ATLAS
+    machines = []
+    for slug, results in book.hardware().items():
+        rows = []
+        for stored in results:
+            entry = book.get(stored.result.case_id)
+            m = views.machine(entry, stored, {})
+            if m.best:
+                rows.append({"case": views.case_row(entry, page), "best": m.best, "roof": text.pct(m.best_roof),
+                             "stale": bool(stored.stale)})
+        machines.append({"name": results[0].hardware_name, "anchor": links.anchor(slug), "rows": rows,
+                         "image": links.rel(page, images[slug]) if slug in images else None})
+    return render("atlas", front_matter=front_matter("Atlas"), machines=machines)
+
+
+def hardware(book: Book, images: dict[str, str]) -> str:
+    page = links.HARDWARE
+    machines = []
+    for slug, results in book.hardware().items():
+        latest = max(results, key=lambda r: r.result.started_at)
+        hw = latest.result.hardware
+        machines.append({"name": latest.hardware_name, "slug": slug, "anchor": links.anchor(slug),
+                         "kind": hw.get("kind") or "–", "rows": _ceiling_rows(hw),
+                         **_source((hw.get("datasheet") or {}).get("source")),
+                         "environment": views._items({k: latest.result.environment.get(k) for k in
+                                                      ("device_name", "sm_count", "driver", "cuda", "torch",
+                                                       "triton", "python", "platform")}),
+                         "date": latest.result.started_at, "cases": len(results),
+                         "image": links.rel(page, images[slug]) if slug in images else None})
+    return render("hardware", front_matter=front_matter("Hardware"), machines=machines)
+
+
+def _source(source: object) -> dict:
+    """A datasheet source: its leading http(s) URL as a link (nothing else may become one), the rest as text."""
+    words = text.plain(source or "").split(" ", 1)
+    if re.fullmatch(r"https?://[^\s\"'<>]+", words[0]):
+        return {"source_url": words[0], "source_note": words[1] if len(words) > 1 else ""}
+    return {"source_url": None, "source_note": " ".join(words)}
+
+
+def _ceiling_rows(hw: dict) -> list[dict]:
+    m, d = hw.get("measured") or {}, hw.get("datasheet") or {}
+    rows = [_ceiling("copy bandwidth", "GB/s", m.get("copy_gbps"), d.get("bandwidth_gbps"))]
+    peaks = d.get("peak_tflops") or {}
+    for dtype in dict.fromkeys([*(m.get("matmul_tflops") or {}), *peaks]):
+        rows.append(_ceiling(f"{dtype} matmul", "TFLOP/s", (m.get("matmul_tflops") or {}).get(dtype), peaks.get(dtype)))
+    rows.append(_ceiling("kernel launch", "µs", m.get("launch_us"), None))
+    rows.append(_ceiling("CUDA-graph launch", "µs", m.get("graph_launch_us"), None))
+    if d.get("l2_mb"):
+        rows.append(_ceiling("L2 cache", "MB", None, d.get("l2_mb")))
+    return rows
+
+
+def _ceiling(what: str, unit: str, measured: object, datasheet: object) -> dict:
+    ratio = (text.pct(measured / datasheet) if isinstance(measured, (int, float)) and isinstance(datasheet, (int, float))
+             and datasheet else "–")
+    return {"what": what, "unit": unit, "measured": text.num(measured), "datasheet": text.num(datasheet),
+            "ratio": ratio}
+
+
+def _browse() -> dict[str, str]:
+    return {"bottleneck": links.BY_BOTTLENECK, "pattern": links.BY_PATTERN, "operator": links.BY_OPERATOR,
+            "hardware": links.BY_HARDWARE, "transfers": links.TRANSFERS, "tags": links.TAGS,
+            "atlas": links.ATLAS}

@@ -1,0 +1,351 @@
+"""Matplotlib figures as SVG bytes: the case roofline, level-2 speedups, the Amdahl bar, the atlas.
+
+Each function takes plain data (lists and dicts, built by `figures.py`) so that it can run in a
+worker process and be cached by the hash of its input. Object-oriented API on the Agg/SVG canvas
+only: no pyplot, no global figure state.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, PercentFormatter  # noqa: E402
+
+# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#8C6D1F", "#000000"]
+BASELINE_GREY = "#7f7f7f"
+MARKERS = {"bf16": "o", "fp16": "s", "fp32": "^", "tf32": "D", "fp8_e4m3": "P", "fp8_e5m2": "X", "fp64": "v"}
+INK = "#1f2329"
+FAINT = "#9aa3ad"
+
+STYLE = {
+    "font.family": "DejaVu Sans",
+    "font.size": 9,
+    "axes.edgecolor": "#c3c8cf",
+    "axes.labelcolor": INK,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e6e9ed",
+    "grid.linewidth": 0.6,
+    "xtick.color": "#4a5159",
+    "ytick.color": "#4a5159",
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+    "svg.fonttype": "none",  # text stays text: crisp at any zoom, and small
+    "svg.hashsalt": "casebook",  # stable ids: an unchanged figure is byte-identical
+}
+matplotlib.rcParams.update(STYLE)
+
+
+def variant_colors(variants: list[str], baseline: str | None) -> dict[str, str]:
+    """One colour per variant, stable across every chart of a case; the baseline is grey."""
+    colors, i = {}, 0
+    for v in variants:
+        if v == baseline:
+            colors[v] = BASELINE_GREY
+        else:
+            colors[v] = PALETTE[i % len(PALETTE)]
+            i += 1
+    return colors
+
+
+def _svg(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", pad_inches=0.08, metadata={"Date": None})
+    return buf.getvalue()
+
+
+def _tflops_fmt(y: float, _pos: int) -> str:
+    if y >= 1:
+        return f"{y:g}"
+    return f"{y:.2g}" if y >= 0.001 else f"{y:.0e}"
+
+
+def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str, labels: bool = True) -> None:
+    """Bandwidth slope and one compute ceiling per distinct value, from x_lo to x_hi.
+
+    Measured labels sit under their line and datasheet labels over theirs, so that they never collide
+    (a datasheet peak is at or above the measured one). Call `_align_slopes` once the limits are set."""
+    bw = roofs.get("bandwidth_gbps")
+    style = dict(color=FAINT, lw=1.0, ls=(0, (4, 3))) if faint else dict(color=INK, lw=1.6)
+    text = dict(color=FAINT if faint else INK, fontsize=7.5, textcoords="offset points")
+    groups = _ceiling_groups(roofs.get("compute_tflops") or {})
+    top = max(groups) if groups else None
+    if bw:
+        ridge_hi = top * 1e3 / bw if top else x_hi
+        xs = [x_lo, min(ridge_hi, x_hi)]
+        ax.plot(xs, [bw * x / 1e3 for x in xs], **style, zorder=2)
+        if labels:
+            xm = x_lo * 1.5
+            ann = ax.annotate(f"{bw / 1e3:.3g} TB/s {label}", (xm, bw * xm / 1e3), xytext=(0, 3) if faint else (3, -3),
+                              ha="left", va="bottom" if faint else "top", rotation_mode="anchor", **text)
+            ann.casebook_slope = (xs[0], xs[0] * bw / 1e3, xs[1], xs[1] * bw / 1e3)
+    for tf, dtypes in sorted(groups.items()):
+        ridge = tf * 1e3 / bw if bw else x_lo
+        ax.plot([max(ridge, x_lo), x_hi], [tf, tf], **style, zorder=2)
+        if labels:
+            ax.annotate(f"{dtypes} {_tf(tf)} TFLOP/s {label}", (x_hi, tf), xytext=(-2, 2 if faint else -2),
+                        ha="right", va="bottom" if faint else "top", **text)
+
+
+def _align_slopes(ax) -> None:
+    """Turn each bandwidth label to the screen angle of its line (after limits and size are final)."""
+    for ann in ax.texts:
+        slope = getattr(ann, "casebook_slope", None)
+        if slope:
+            (x0, y0), (x1, y1) = ax.transData.transform([(slope[0], slope[1]), (slope[2], slope[3])])
+            ann.set_rotation(math.degrees(math.atan2(y1 - y0, x1 - x0)))
+
+
+def _tf(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _ceiling_groups(ceilings: dict[str, float]) -> dict[float, str]:
+    """Ceilings within 5% of each other share one line and one label ("bf16/fp16")."""
+    groups: list[tuple[float, list[str]]] = []
+    for dtype, tf in sorted(ceilings.items(), key=lambda kv: kv[1]):
+        if not tf or tf <= 0:
+            continue
+        if groups and tf <= groups[-1][0] * 1.05:
+            groups[-1][1].append(dtype)
+        else:
+            groups.append((float(tf), [dtype]))
+    return {tf: "/".join(d) for tf, d in groups}
+
+
+def roofline(data: dict) -> bytes:
+    """Left: the measured roofs (datasheet faint), every level-1 point, each shape's attainable ceiling.
+    Right: each point's fraction of its own ceiling, by shape."""
+    points = data["points"]
+    colors = variant_colors(data["variants"], data.get("baseline"))
+    measured, datasheet = data["measured"], data.get("datasheet")
+    fig = Figure(figsize=(11, 4.1))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1], "wspace": 0.22})
+
+    ais = [p["ai"] for p in points if p.get("ai")]
+    ceilings = [c for c in (measured.get("compute_tflops") or {}).values() if c]
+    bw = measured.get("bandwidth_gbps") or 1.0
+    ridge = max(ceilings) * 1e3 / bw if ceilings else 10.0
+    x_lo = min(ais + [ridge]) / 8
+    x_hi = max(ais + [ridge]) * 8
+    if datasheet:
+        _roofs(left, datasheet, x_lo, x_hi, faint=True, label="datasheet")
+    _roofs(left, measured, x_lo, x_hi, faint=False, label="measured")
+
+    ticks = {}
+    for p in points:
+        if p.get("ai") and p.get("ceiling_tflops"):
+            ticks.setdefault((round(p["ai"], 6), round(p["ceiling_tflops"], 6)), set()).add(p["shape"])
+    for (ai, ceil), shapes in ticks.items():
+        left.plot([ai / 1.22, ai * 1.22], [ceil, ceil], color="#d1495b", lw=2.2, solid_capstyle="butt", zorder=3)
+        label = next(iter(shapes)) if len(shapes) == 1 else f"{len(shapes)} shapes"
+        left.annotate(label, (ai * 1.25, ceil), xytext=(2, 0), textcoords="offset points", fontsize=6.5,
+                      color="#d1495b", va="center")
+    ys = []
+    for p in points:
+        if p.get("ai") and p.get("tflops"):
+            ys.append(p["tflops"])
+            left.scatter(p["ai"], p["tflops"], s=30, color=colors.get(p["variant"], INK),
+                         marker=MARKERS.get(p["dtype"], "X"), edgecolors="white", linewidths=0.5, zorder=4)
+    left.set_xscale("log")
+    left.set_yscale("log")
+    y_top = max(ceilings + ys + [1e-3]) * 3
+    y_lo = min(ys + [t[1] for t in ticks] + [y_top / 1e4]) / 4
+    left.set_xlim(x_lo, x_hi)
+    left.set_ylim(y_lo, y_top)
+    left.xaxis.set_major_locator(LogLocator(base=10))
+    left.yaxis.set_major_formatter(FuncFormatter(_tflops_fmt))
+    left.xaxis.set_major_formatter(FuncFormatter(_tflops_fmt))
+    left.set_xlabel("arithmetic intensity (FLOP / byte, from the traffic model)")
+    left.set_ylabel("TFLOP/s")
+    left.set_title(f"Roofline · {data['hardware']}")
+    _align_slopes(left)
+
+    shapes = data["shapes"]
+    n_var = max(1, len(data["variants"]))
+    order = list(MARKERS)
+    dtypes = sorted({p["dtype"] for p in points}, key=lambda d: (order.index(d) if d in order else 99, d))
+    for p in points:
+        if p.get("roof_fraction") is None or p["shape"] not in shapes:
+            continue
+        i = shapes.index(p["shape"]) + (data["variants"].index(p["variant"]) - (n_var - 1) / 2) * 0.75 / n_var
+        i += (dtypes.index(p["dtype"]) - (len(dtypes) - 1) / 2) * 0.12 / n_var
+        right.scatter(i, p["roof_fraction"], s=26, color=colors.get(p["variant"], INK),
+                      marker=MARKERS.get(p["dtype"], "X"), edgecolors="white", linewidths=0.5, zorder=3)
+    right.axhline(1.0, color="#d1495b", lw=1.2, zorder=2)
+    right.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=7.5)
+    right.set_xlim(-0.6, len(shapes) - 0.4)
+    right.set_ylim(0, 1.1)
+    right.yaxis.set_major_formatter(PercentFormatter(1.0))
+    right.set_ylabel("of the shape's attainable ceiling")
+    right.set_title("Distance to the roof, by shape")
+    right.grid(axis="x", visible=False)
+
+    handles = [Line2D([], [], ls="", marker="o", color=colors[v], label=v) for v in data["variants"]
+               if any(p["variant"] == v for p in points)]
+    handles += [Line2D([], [], ls="", marker=MARKERS.get(d, "X"), color="#5b636b", label=d) for d in dtypes]
+    handles += [Line2D([], [], color="#d1495b", lw=2.2, label="attainable ceiling")]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.905, 0.5))
+    return _svg(fig)
+
+
+def speedups(data: dict) -> bytes:
+    """Level 2: each variant's speedup over the baseline at every workload shape, and the shape's weight."""
+    shapes, weights = data["shapes"], data["weights"]
+    series = data["series"]  # {variant: [speedup or None per shape]}
+    colors = variant_colors(data["variants"], data.get("baseline"))
+    fig = Figure(figsize=(10.5, 3.6))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [4, 1], "hspace": 0.08})
+    n = max(1, len(series))
+    width = 0.8 / n
+    for k, (variant, values) in enumerate(series.items()):
+        xs = [i + (k - (n - 1) / 2) * width for i in range(len(shapes))]
+        hs = [v if v is not None else 0 for v in values]
+        top.bar(xs, hs, width=width * 0.92, color=colors.get(variant, INK), label=variant, zorder=3)
+        g = data.get("geomean", {}).get(variant)
+        if g:
+            top.axhline(g, color=colors.get(variant, INK), lw=0.9, ls=(0, (3, 2)), zorder=2)
+    top.axhline(1.0, color=INK, lw=1.0, zorder=4)
+    top.set_ylabel(f"speedup over {data.get('baseline', 'baseline')}")
+    top.set_title(f"Level 2 · speedup across the workload · {data['hardware']}  (dashed: weighted geomean)")
+    top.legend(loc="upper left", ncol=min(n, 6))
+    top.grid(axis="x", visible=False)
+    bottom.bar(range(len(shapes)), weights, color="#c3c8cf", width=0.8, zorder=3)
+    for i, w in enumerate(weights):
+        bottom.annotate(f"{100 * w:.0f}%", (i, w), xytext=(0, 1), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7, color="#4a5159")
+    bottom.set_ylabel("weight")
+    bottom.set_ylim(0, max(weights + [0.01]) * 1.6)
+    bottom.set_yticks([])
+    bottom.grid(visible=False)
+    bottom.set_xticks(range(len(shapes)), shapes, rotation=30, ha="right", fontsize=7.5)
+    return _svg(fig)
+
+
+def amdahl(data: dict) -> bytes:
+    """Level 3: the baseline split into kernel and rest, the Amdahl prediction, the measurement."""
+    base, share, k = data["baseline_us"], data["kernel_share"], data["kernel_speedup"]
+    kernel, rest = base * share, base * (1 - share)
+    fig = Figure(figsize=(10.5, 2.1))
+    ax = fig.subplots()
+    rows = [
+        (f"baseline ({data['baseline']})", kernel, rest, data["color_base"]),
+        ("Amdahl prediction", kernel / k if k else kernel, rest, data["color_variant"]),
+    ]
+    for y, (label, kpart, rpart, color) in enumerate(rows):
+        ax.barh(y, kpart, color=color, height=0.6, zorder=3)
+        ax.barh(y, rpart, left=kpart, color="#d9dde2", height=0.6, zorder=3)
+        total = kpart + rpart
+        note = "" if y == 0 else f"  ({base / total:.2f}×)"
+        ax.annotate(f"{total:,.4g} µs{note}", (total, y), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    if data.get("variant_us"):
+        v = data["variant_us"]
+        ax.barh(2, v, color="white", edgecolor=data["color_variant"], hatch="////", height=0.6, zorder=3)
+        ax.annotate(f"{v:,.4g} µs  ({base / v:.2f}×)", (v, 2), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8, fontweight="bold")
+    ax.set_yticks([0, 1, 2], [rows[0][0], rows[1][0], f"measured ({data['variant']})"])
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per call of the end-to-end scenario")
+    ax.grid(axis="y", visible=False)
+    ax.set_xlim(0, max(base, data.get("variant_us") or 0) * 1.25)
+    ax.legend(handles=[Line2D([], [], color=data["color_variant"], lw=6, label="the kernel's share"),
+                       Line2D([], [], color="#d9dde2", lw=6, label="everything else")],
+              loc="lower right", ncol=2, bbox_to_anchor=(1, 1.0))
+    ax.set_title(f"Level 3 · end to end · {data['hardware']}")
+    return _svg(fig)
+
+
+def atlas(data: dict) -> bytes:
+    """Every case's best variant on one machine's roofline."""
+    measured, datasheet = data["measured"], data.get("datasheet")
+    points = data["points"]  # [{case, ai, tflops}]
+    ais = [p["ai"] for p in points] or [1.0]
+    ceilings = [c for c in (measured.get("compute_tflops") or {}).values() if c]
+    bw = measured.get("bandwidth_gbps") or 1.0
+    ridge = max(ceilings) * 1e3 / bw if ceilings else 10.0
+    x_lo, x_hi = min(ais + [ridge]) / 8, max(ais + [ridge]) * 8
+    fig = Figure(figsize=(10.5, 5.2))
+    ax = fig.subplots()
+    if datasheet:
+        _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet")
+    _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured")
+    cases = list(dict.fromkeys(p["case"] for p in points))
+    many = len(cases) > len(PALETTE)
+    for i, case in enumerate(cases):
+        mine = [p for p in points if p["case"] == case]
+        color = PALETTE[i % len(PALETTE)] if not many else matplotlib.colormaps["tab20"](i % 20)
+        ax.scatter([p["ai"] for p in mine], [p["tflops"] for p in mine], s=24, color=color, edgecolors="white",
+                   linewidths=0.5, zorder=4, label=f"{case} ({mine[0]['variant']})")
+        best = max(mine, key=lambda p: p["tflops"])
+        ax.annotate(case, (best["ai"], best["tflops"]), xytext=(4, 3), textcoords="offset points", fontsize=7,
+                    color=color, zorder=5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ys = [p["tflops"] for p in points]
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(min(ys + [max(ceilings + [1.0]) / 1e4]) / 4, max(ceilings + ys + [1e-3]) * 3)
+    ax.xaxis.set_major_formatter(FuncFormatter(_tflops_fmt))
+    ax.yaxis.set_major_formatter(FuncFormatter(_tflops_fmt))
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"Atlas · {data['hardware']} · best variant of every case, every level-1 shape")
+    _align_slopes(ax)
+    if not many and cases:
+        ax.legend(loc="upper left")
+    return _svg(fig)
+
+
+def ceilings(data: dict) -> bytes:
+    """One machine's measured roofs beside its datasheet roofs, ridge points marked."""
+    measured, datasheet = data["measured"], data.get("datasheet")
+    all_ceilings = [c for r in (measured, datasheet or {}) for c in (r.get("compute_tflops") or {}).values() if c]
+    bws = [r.get("bandwidth_gbps") for r in (measured, datasheet or {}) if r.get("bandwidth_gbps")] or [1.0]
+    ridges = [c * 1e3 / b for c in all_ceilings for b in bws] or [10.0]
+    x_lo, x_hi = min(ridges) / 30, max(ridges) * 10
+    fig = Figure(figsize=(8, 3.8))
+    ax = fig.subplots()
+    if datasheet:
+        _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet", labels=False)
+    _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured")
+    mbw = measured.get("bandwidth_gbps")
+    for tf, dtypes in _ceiling_groups(measured.get("compute_tflops") or {}).items():
+        if mbw:
+            r = tf * 1e3 / mbw
+            ax.scatter([r], [tf], s=18, color="#d1495b", zorder=4)
+            ax.annotate(f"ridge {r:.3g}", (r, tf), xytext=(-5, 2), textcoords="offset points", ha="right",
+                        va="bottom", fontsize=7, color="#d1495b")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(min(bws) * x_lo / 1e3 / 2, max(all_ceilings + [1.0]) * 3)
+    ax.xaxis.set_major_formatter(FuncFormatter(_tflops_fmt))
+    ax.yaxis.set_major_formatter(FuncFormatter(_tflops_fmt))
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"Ceilings · {data['hardware']}")
+    if datasheet:
+        ax.legend(handles=[Line2D([], [], color=INK, lw=1.6, label="measured"),
+                           Line2D([], [], color=FAINT, lw=1.0, ls=(0, (4, 3)), label="datasheet")], loc="upper left")
+    _align_slopes(ax)
+    return _svg(fig)
+
+
+RENDERERS = {"roofline": roofline, "speedups": speedups, "amdahl": amdahl, "atlas": atlas, "ceilings": ceilings}
+
+
+def render(kind: str, data: dict) -> bytes:
+    """Entry point for worker processes."""
+    return RENDERERS[kind](data)

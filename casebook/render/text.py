@@ -1,0 +1,127 @@
+"""Escaping and number formatting for generated pages.
+
+Every string from a case or a result reaches the page through `esc`: HTML-escaped, and with the
+characters Markdown (and its extensions: attr_list braces, tables' pipes, links' brackets) would
+act on replaced by numeric entities, so that case text is shown as text and never becomes markup.
+Backtick spans become <code>; a Markdown field (`writeup.notes`) goes through `markdown_html`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+
+import markdown
+from markupsafe import Markup
+
+_ENTITIES = {c: f"&#{ord(c)};" for c in "&<>\"'\\`*_[](){}#+-!|~^=:$"}
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def _entities(text: str) -> str:
+    return "".join(_ENTITIES.get(c, c) for c in text)
+
+
+def esc(value: object) -> Markup:
+    """Case or result text as inert HTML; `code` spans kept; newlines folded into spaces."""
+    if isinstance(value, Markup):
+        return value
+    text = " ".join(str(value).split())
+    parts = []
+    last = 0
+    for m in _CODE.finditer(text):
+        parts.append(_entities(text[last:m.start()]))
+        parts.append(f"<code>{_entities(m.group(1))}</code>")
+        last = m.end()
+    parts.append(_entities(text[last:]))
+    return Markup("".join(parts))
+
+
+def plain(value: object) -> str:
+    """Text for a context that escapes by itself (YAML front matter, matplotlib labels)."""
+    return " ".join(str(value).split())
+
+
+_SAFE_SCHEMES = ("http://", "https://", "#", "/")
+
+
+class _SafeLinks(markdown.treeprocessors.Treeprocessor):
+    """Drop link and image targets that are not http(s), fragment or path links (javascript:, data:)."""
+
+    def run(self, root: ET.Element) -> None:
+        for el in root.iter():
+            for attr in ("href", "src"):
+                value = el.get(attr)
+                if value is None:
+                    continue
+                v = value.strip().lower()
+                relative = ":" not in v.split("/", 1)[0]
+                if not (v.startswith(_SAFE_SCHEMES) or relative):
+                    el.set(attr, "#")
+            if el.tag == "img":  # images from case prose would be off-host requests
+                el.tag = "span"
+                el.text = el.get("alt", "")
+                for attr in list(el.attrib):
+                    del el.attrib[attr]
+
+
+def markdown_html(source: str) -> Markup:
+    """A Markdown field rendered with raw HTML shown as text and unsafe links dropped."""
+    md = markdown.Markdown(extensions=["tables", "fenced_code", "sane_lists"])
+    md.preprocessors.deregister("html_block")
+    md.inlinePatterns.deregister("html")
+    md.treeprocessors.register(_SafeLinks(md), "casebook_safe_links", 0)
+    rendered = md.convert(source)
+    return Markup(f'<div class="cb-notes">\n{rendered}\n</div>')
+
+
+# --- numbers ---------------------------------------------------------------------------------
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def num(x: object, digits: int = 3) -> str:
+    """A number with `digits` significant figures, thousands separated; `–` when absent."""
+    if not _finite(x):
+        return "–"
+    x = float(x)
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - mag)
+    return f"{x:,.{decimals}f}"
+
+
+def us(x: object) -> str:
+    return f"{num(x)} µs" if _finite(x) else "–"
+
+
+def pct(x: object) -> str:
+    return f"{100 * float(x):.0f}%" if _finite(x) else "–"
+
+
+def times(x: object) -> str:
+    return f"{float(x):.2f}×" if _finite(x) else "–"
+
+
+def nbytes(x: object) -> str:
+    if not _finite(x):
+        return "–"
+    x = float(x)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(x) < 1000 or unit == "TB":
+            return f"{num(x)} {unit}"
+        x /= 1000
+    return "–"
+
+
+def shape(s: dict) -> str:
+    """`{rows: 32768, cols: 4096}` -> `rows 32768 × cols 4096`, words kept so that search finds them."""
+    return " × ".join(f"{k} {v}" for k, v in s.items())
+
+
+def shape_short(s: dict) -> str:
+    return "×".join(str(v) for v in s.values())

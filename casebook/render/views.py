@@ -1,0 +1,205 @@
+"""What a page shows, as plain records: tables and answers picked out of a case and its results.
+
+Numbers are formatted here; escaping happens in the templates (every value goes through `esc`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from casebook.render import links, text
+from casebook.render.book import Book, Entry, StoredResult
+from casebook.render.figures import best_variant, measured_roofs
+from casebook.schema import Point
+
+
+@dataclass
+class Ridge:
+    """The ridge-point reasoning on one machine: where the case's intensity sits against the ridge."""
+
+    hardware: str
+    dtype: str
+    compute_tflops: float
+    bandwidth_gbps: float
+    ridge: float
+    intensity: float
+    side: str  # "bandwidth" or "compute"
+    factor: float  # how far from the ridge, as a ratio >= 1
+    source: str  # "measured" or "datasheet"
+
+
+@dataclass
+class Machine:
+    """One stored result as the case page shows it."""
+
+    stored: StoredResult
+    name: str
+    slug: str
+    images: dict[str, str] = field(default_factory=dict)  # kind -> image src path
+    level1: dict[str, list[dict]] = field(default_factory=dict)  # dtype -> rows
+    level2_summary: list[dict] = field(default_factory=list)
+    level2_points: list[dict] = field(default_factory=list)
+    e2e: dict = field(default_factory=dict)
+    claims: list[dict] = field(default_factory=list)
+    counters: list[dict] = field(default_factory=list)
+    environment: list[tuple[str, str]] = field(default_factory=list)
+    protocol: list[tuple[str, str]] = field(default_factory=list)
+    level2_variants: list[str] = field(default_factory=list)
+    claims_held: str = "–"
+    hardware_url: str = ""
+    command: str = ""
+    result_file: str = ""
+    best: str | None = None
+    best_roof: float | None = None
+
+
+def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
+    """The case's arithmetic intensity against this machine's measured ridge point, at its first dtype."""
+    points = [p for p in stored.result.kernel_level if p.status == "ok"]
+    roofs = measured_roofs(stored.result.hardware, points)
+    dtypes = entry.case.levels.kernel.dtypes
+    dtype = next((d for d in dtypes if d in roofs["compute_tflops"]), None)
+    if dtype is None and roofs["compute_tflops"]:
+        dtype = next(iter(roofs["compute_tflops"]))
+    bw = roofs["bandwidth_gbps"]
+    ai = entry.case.bottleneck.arithmetic_intensity
+    if ai is None:
+        ais = [p.arithmetic_intensity for p in points if p.dtype == dtype and _ok(p.arithmetic_intensity)]
+        ai = statistics.median(ais) if ais else None
+    if not dtype or not _ok(bw) or not _ok(ai) or ai <= 0:
+        return None
+    compute = roofs["compute_tflops"][dtype]
+    r = compute * 1e3 / bw
+    return Ridge(stored.hardware_name, dtype, compute, bw, r, ai, "bandwidth" if ai < r else "compute",
+                 max(r / ai, ai / r), "measured")
+
+
+def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machine:
+    r = stored.result
+    m = Machine(stored, stored.hardware_name, stored.slug, images)
+    m.best = best_variant(entry, stored)
+    fracs = [p.roof_fraction for p in r.kernel_level if p.variant == m.best and _ok(p.roof_fraction)]
+    m.best_roof = statistics.median(fracs) if fracs else None
+    order = {v.name: i for i, v in enumerate(entry.case.kernel.variants)}
+    shapes = _shape_order(r.kernel_level)
+    for p in sorted(r.kernel_level, key=lambda p: (shapes[text.shape_short(p.shape)], order.get(p.variant, 99))):
+        m.level1.setdefault(p.dtype, []).append(_level1_row(p, entry.case.kernel.baseline))
+    wl = r.workload_level or {}
+    m.level2_summary = [{"variant": s.get("variant"), "geomean": text.times(s.get("geomean_speedup")),
+                         "worst": text.times(s.get("worst_speedup")),
+                         "worst_shape": text.shape(s.get("worst_shape") or {}),
+                         "regressions": ", ".join(text.shape_short(x) for x in s.get("regressions") or []) or "none",
+                         "good": _ok(s.get("worst_speedup")) and s["worst_speedup"] >= 1}
+                        for s in wl.get("summary") or []]
+    m.level2_points = _level2_table(entry, wl.get("points") or [])
+    m.level2_variants = [v.name for v in entry.case.kernel.variants
+                         if any(v.name in row["speedups"] for row in m.level2_points)]
+    applicable = [c for c in r.claims if c.held is not None]
+    m.claims_held = f"{sum(c.held is True for c in applicable)} of {len(applicable)} held" if applicable else "n/a here"
+    m.command = r.command
+    m.result_file = f"results/{stored.path.parent.name}/{stored.path.name}"
+    m.e2e = _e2e(r.end_to_end or {})
+    m.claims = [{"text": c.text, "held": c.held, "detail": c.detail} for c in r.claims]
+    m.counters = [{"variant": c.get("variant"), "shape": text.shape_short(c.get("shape") or {}),
+                   "dtype": c.get("dtype"), "modelled": text.nbytes(c.get("modelled_bytes")),
+                   "measured": text.nbytes(c.get("measured_bytes")), "gap": _gap(c)} for c in r.counters]
+    m.environment = _items(r.environment)
+    m.protocol = _items(r.protocol)
+    return m
+
+
+def _level1_row(p: Point, baseline: str) -> dict:
+    spread = f"{text.num(p.p10_us)}–{text.num(p.p90_us)}" if _ok(p.p10_us) and _ok(p.p90_us) else "–"
+    if p.status == "ok":
+        check = f"✓ {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✓"
+    elif p.status == "checked":
+        check = "✓ checked, not timed here"
+    elif p.status == "failed":
+        check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✗ wrong answer"
+    else:
+        check = f"{p.status}: {(p.error or '')[:90]}".rstrip(": ")
+    return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
+            "median": text.num(p.median_us), "spread": spread, "gbps": text.num(p.gbps),
+            "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": p.regime or "–",
+            "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
+            "ok": p.status in ("ok", "checked")}
+
+
+def _level2_table(entry: Entry, points: list[dict]) -> list[dict]:
+    """One row per workload shape: weight, source, and each variant's speedup."""
+    rows: dict[str, dict] = {}
+    for p in points:
+        label = text.shape_short(p.get("shape") or {})
+        row = rows.setdefault(label, {"shape": label, "weight": p.get("weight"), "source": p.get("source") or "",
+                                      "speedups": {}})
+        if p.get("variant") != entry.case.kernel.baseline:
+            row["speedups"][p.get("variant")] = text.times(p.get("speedup")) if p.get("status") == "ok" else (
+                p.get("status") or "–")
+    total = sum(r["weight"] or 0 for r in rows.values()) or 1
+    for r in rows.values():
+        r["weight"] = text.pct((r["weight"] or 0) / total)
+    return list(rows.values())
+
+
+def _e2e(e: dict) -> dict:
+    if not e:
+        return {"status": "absent"}
+    if e.get("status", "ok") != "ok":
+        return {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
+    return {"status": "ok", "shape": text.shape(e.get("shape") or {}), "dtype": e.get("dtype"),
+            "baseline": e.get("baseline"), "variant": e.get("variant"),
+            "baseline_us": text.us(e.get("baseline_us")), "variant_us": text.us(e.get("variant_us")),
+            "share": text.pct(e.get("kernel_share")), "kernel": text.times(e.get("kernel_speedup")),
+            "amdahl": text.times(e.get("amdahl_speedup")), "measured": text.times(e.get("measured_speedup"))}
+
+
+def _gap(c: dict) -> str:
+    g = c.get("gap")
+    return f"{g:+.1%}" if _ok(g) else "–"
+
+
+def _items(d: dict) -> list[tuple[str, str]]:
+    out = []
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            v = ", ".join(f"{a} {b}" for a, b in v.items())
+        elif isinstance(v, float):
+            v = text.num(v, 4)
+        out.append((str(k), "–" if v is None or v == "" else str(v)))
+    return out
+
+
+def _shape_order(points: list[Point]) -> dict[str, int]:
+    order: dict[str, int] = {}
+    for p in points:
+        order.setdefault(text.shape_short(p.shape), len(order))
+    return order
+
+
+def _ok(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# --- indices ---------------------------------------------------------------------------------
+
+
+def case_row(entry: Entry, page: str) -> dict:
+    """One line of an index table: link, operator, bottleneck, patterns, machines."""
+    c = entry.case
+    return {"title": c.title, "url": links.rel(page, links.case_page(c.id)), "id": c.id, "operator": c.operator,
+            "bottleneck": c.bottleneck.kind, "patterns": ", ".join(c.patterns),
+            "ai": text.num(c.bottleneck.arithmetic_intensity),
+            "machines": ", ".join(r.slug + (" (stale)" if r.stale else "") for r in entry.results) or "no results yet"}
+
+
+def operators(book: Book) -> dict[str, dict]:
+    """Every operator with a case, or that a case's method transfers to: its cases and incoming transfers."""
+    out: dict[str, dict] = {}
+    for e in book.entries:
+        out.setdefault(e.case.operator, {"cases": [], "incoming": []})["cases"].append(e)
+    for e in book.entries:
+        for t in e.case.transfers:
+            out.setdefault(t.operator, {"cases": [], "incoming": []})["incoming"].append((e, t))
+    return dict(sorted(out.items()))
