@@ -43,7 +43,11 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
             elif event == "task":
                 t, p = info["task"], info["payload"]
                 bar.update(job, advance=1, description=f"{t.variant} {shape_label(t.shape)} {t.dtype}")
-                if p.get("status") in ("failed", "crashed", "timeout"):
+                if not console.is_terminal:  # a log, line by line, where no live bar can be drawn
+                    us = f"{p['median_us']:.1f} us" if p.get("median_us") else ""
+                    console.print(f"  {t.level:10s} {t.variant} {shape_label(t.shape)} {t.dtype}: {p.get('status')} {us}",
+                                  highlight=False)
+                elif p.get("status") in ("failed", "crashed", "timeout"):
                     console.print(f"[red]{t.variant} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
