@@ -17,6 +17,7 @@ The ladder:
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -106,24 +107,38 @@ def _onepass_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, ROWS: tl.constexpr, BL
 MAX_ONEPASS = 16384
 """Longest row held whole by one program: 16K fp32 values over 512 threads is 32 registers each."""
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
-def _onepass_config(n_cols: int) -> tuple[int, int, int]:
-    block = triton.next_power_of_2(n_cols)
-    rows = max(1, min(16, 4096 // block))  # about 4K elements per program for short rows
-    num_warps = max(4, min(16, rows * block // 512))
-    return rows, block, num_warps
+
+def _onepass_configs() -> list[triton.Config]:
+    # Rows per program x warps; the launcher drops configs whose tile is too large for the row length.
+    return [triton.Config({"ROWS": r}, num_warps=w) for r in (1, 2, 4, 8, 16) for w in (4, 8, 16)]
+
+
+def _prune_onepass(configs, named_args, **kwargs):
+    block = triton.next_power_of_2(named_args["n_cols"])
+    kept = [c for c in configs if 1024 <= c.kwargs["ROWS"] * block <= MAX_ONEPASS
+            and c.num_warps * 32 * 4 <= c.kwargs["ROWS"] * block]
+    return kept or configs[:1]
+
+
+_onepass_tuned = triton.autotune(_onepass_configs(), key=["n_cols", "n_rows"],
+                                 prune_configs_by={"early_config_prune": _prune_onepass})(_onepass_kernel)
 
 
 def triton_onepass(x: torch.Tensor) -> torch.Tensor:
-    """One read and one write, for rows up to MAX_ONEPASS columns."""
+    """One read and one write, for rows up to MAX_ONEPASS columns; rows per program and warps autotuned."""
     n_rows, n_cols = x.shape
     if n_cols > MAX_ONEPASS:
         raise NotImplementedError(f"triton_onepass holds at most {MAX_ONEPASS} columns on chip; got {n_cols}")
     x = x.contiguous()
     y = torch.empty_like(x)
-    rows, block, num_warps = _onepass_config(n_cols)
-    _onepass_kernel[(triton.cdiv(n_rows, rows),)](x, y, n_rows, n_cols, x.stride(0), ROWS=rows, BLOCK=block,
-                                                  num_warps=num_warps)
+    block = triton.next_power_of_2(n_cols)
+    if INTERPRETED:  # no autotuning under the interpreter: one small config
+        _onepass_kernel[(triton.cdiv(n_rows, 2),)](x, y, n_rows, n_cols, x.stride(0), ROWS=2, BLOCK=block)
+        return y
+    grid = lambda meta: (triton.cdiv(n_rows, meta["ROWS"]),)  # noqa: E731
+    _onepass_tuned[grid](x, y, n_rows, n_cols, x.stride(0), BLOCK=block)
     return y
 
 
@@ -131,29 +146,34 @@ def triton_onepass(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _online_row_kernel(x_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
-    # One program per row. Sweep 1 keeps a running max and a rescaled running sum per lane.
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride
-    y_row = y_ptr + row * stride
+def _online_row_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, BLOCK: tl.constexpr):
+    # Persistent: a few programs per SM walk the rows, so the rows in flight (programs x row bytes)
+    # stay under L2 and sweep 2's re-read is served from L2, not DRAM.
     lanes = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], -float("inf"), tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
     n_tiles = tl.cdiv(n_cols, BLOCK)
-    for t in range(0, n_tiles):
-        cols = t * BLOCK + lanes
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-        m = m_new
-    row_max = tl.max(m, axis=0)
-    inv = 1.0 / tl.sum(s * tl.exp(m - row_max), axis=0)
-    # Sweep 2 walks the row backwards: the tiles read last in sweep 1 are the likeliest still in L2.
-    for j in range(0, n_tiles):
-        cols = (n_tiles - 1 - j) * BLOCK + lanes
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        tl.store(y_row + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=mask)
+    pid = tl.program_id(0).to(tl.int64)
+    n_prog = tl.num_programs(0)
+    for i in range(0, tl.cdiv(n_rows - pid, n_prog)):
+        row = pid + i * n_prog
+        x_row = x_ptr + row * stride
+        y_row = y_ptr + row * stride
+        # Sweep 1 keeps a running max and a rescaled running sum per lane.
+        m = tl.full([BLOCK], -float("inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        for t in range(0, n_tiles):
+            cols = t * BLOCK + lanes
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+            m = m_new
+        row_max = tl.max(m, axis=0)
+        inv = 1.0 / tl.sum(s * tl.exp(m - row_max), axis=0)
+        # Sweep 2 walks the row backwards: the tiles read last in sweep 1 are the likeliest still in L2.
+        for j in range(0, n_tiles):
+            cols = (n_tiles - 1 - j) * BLOCK + lanes
+            mask = cols < n_cols
+            x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            tl.store(y_row + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -196,8 +216,10 @@ def _chunk_normalize_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_cols, stride, n_chunks
         tl.store(y_ptr + row * stride + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-ONLINE_BLOCK = 4096
+ONLINE_BLOCK = 8192
 SPLIT_CHUNK = 16384
+L2_BUDGET = 32 * 2**20
+"""Bytes of rows kept in flight by the persistent online kernel: under an H100/H200's 50 MB of L2."""
 
 
 @functools.cache
@@ -214,8 +236,13 @@ def triton_online(x: torch.Tensor) -> torch.Tensor:
         return triton_onepass(x)
     x = x.contiguous()
     y = torch.empty_like(x)
-    if n_rows >= 2 * _sm_count(x.device):
-        _online_row_kernel[(n_rows,)](x, y, n_cols, x.stride(0), BLOCK=ONLINE_BLOCK, num_warps=8)
+    sms = _sm_count(x.device)
+    if n_rows >= 2 * sms:
+        # Rows in flight = programs x row bytes: keep them within ~half of L2 so sweep 2 hits.
+        row_bytes = n_cols * x.element_size()
+        per_sm = max(1, min(4, (L2_BUDGET // row_bytes) // sms))
+        grid = (min(n_rows, per_sm * sms),)
+        _online_row_kernel[grid](x, y, n_rows, n_cols, x.stride(0), BLOCK=ONLINE_BLOCK, num_warps=16)
         return y
     # Too few rows to fill the machine: split each row into chunks, two launches; the re-read hits L2.
     n_chunks = triton.cdiv(n_cols, SPLIT_CHUNK)
