@@ -86,6 +86,8 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
     book = Book(entries)
     for path in sorted(results_dir.glob("*/*.json")) if results_dir.is_dir() else []:
         _attach(book, path)
+    for entry in book.entries:  # GPUs first, then by name: the machine the case is about leads
+        entry.results.sort(key=lambda r: (r.result.hardware.get("kind") != "gpu", r.slug))
     return book
 
 

@@ -82,7 +82,8 @@ def case_page(entry: Entry, book: Book, images: dict[tuple[str, str], str]) -> s
     return render(
         "case",
         c=c,
-        front_matter=front_matter(c.title, description=text.plain(c.summary)[:300], tags=tags),
+        front_matter=front_matter(c.title, description=text.plain(c.summary)[:300], tags=tags,
+                                  hide=["navigation"]),  # the page is wide tables and charts
         bottleneck_title=BOTTLENECKS[c.bottleneck.kind][0],
         ridges=[r for r in (views.ridge(entry, s) for s in entry.results) if r],
         patterns=[{"title": PATTERNS[p][0], "gloss": PATTERNS[p][1],

@@ -119,11 +119,15 @@ def _level1_row(p: Point, baseline: str) -> dict:
     elif p.status == "failed":
         check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✗ wrong answer"
     else:
-        check = f"{p.status}: {(p.error or '')[:90]}".rstrip(": ")
+        check = f"{p.status}: {p.error or ''}".rstrip(": ")
+    full = check
+    if len(check) > 36:
+        check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
             "median": text.num(p.median_us), "spread": spread, "gbps": text.num(p.gbps),
             "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": p.regime or "–",
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
+            "check_full": full,
             "ok": p.status in ("ok", "checked")}
 
 
