@@ -22,12 +22,13 @@ STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed
 
 def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
          timeout: float) -> int:
+    from casebook.commands.validate import print_problems
     from casebook.load import CaseError, load_case
 
     try:
         load_case(case)
     except CaseError as e:
-        console.print(f"[red]{e}[/red]", highlight=False)
+        print_problems(getattr(e, "errors", None) or [e], console)
         return 2
     from casebook import results, run
 
