@@ -1,0 +1,249 @@
+"""The site renderer: escaping, stale marking, indices, pages without results, offline, strict build."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from site_helpers import REPO, build_site, copy_cases, copy_results
+
+from casebook.render import site, text
+from casebook.render.book import BookError, load_book
+from casebook.schema import slug
+
+EVIL = '<script>alert(1)</script> <img src=x onerror=alert(2)>'
+
+
+@pytest.fixture(scope="module")
+def plot_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("plots")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, plot_cache) -> Path:
+    """The book's cases with fresh fixture results for softmax, built strictly once for this module."""
+    tmp = tmp_path_factory.mktemp("book")
+    cases = copy_cases(tmp / "cases")
+    results = copy_results(tmp / "results", cases)
+    assert build_site(cases, results, tmp / "site", plot_cache) == 0
+    return tmp / "site"
+
+
+def page(site_dir: Path, case_id: str) -> str:
+    return (site_dir / "cases" / case_id / "index.html").read_text()
+
+
+def words(html: str) -> str:
+    """What a reader sees: tags dropped, entities decoded."""
+    return unescape(re.sub(r"<[^>]+>", "", html))
+
+
+# --- strict build, with and without results ---------------------------------------------------
+
+
+def test_strict_build_with_results_shows_every_section(built: Path):
+    html = words(page(built, "softmax_fusion"))
+    for phrase in ("What limits it?", "Which patterns does it reuse?", "Where does it hold", "Where does it transfer?",
+                  "Level 1", "Level 2", "Level 3", "Claims", "DRAM bytes", "Reproduce", "Kernel source",
+                  "casebook run cases/softmax_fusion.yaml", "def triton_online"):
+        assert phrase in html, phrase
+    assert "Stale result" not in html
+    for hw in ("nvidia-h200", "cpu-x86-64-2c"):
+        svg = built / "img" / "softmax_fusion" / f"{hw}-roofline.svg"
+        assert svg.is_file() and svg.read_bytes().startswith(b"<?xml")
+    assert (built / "img" / "softmax_fusion" / "nvidia-h200-amdahl.svg").is_file()
+    assert "Ridge on NVIDIA H200 SXM" in html and "FLOP/byte" in html
+
+
+def test_case_without_results_says_so_and_how_to_produce_one(tmp_path: Path, plot_cache: Path):
+    cases = copy_cases(tmp_path / "cases")
+    assert build_site(cases, tmp_path / "no-results", tmp_path / "site", plot_cache) == 0
+    html = words(page(tmp_path / "site", "softmax_fusion"))
+    assert "No results yet" in html
+    assert "casebook run cases/softmax_fusion.yaml" in html
+    assert not (tmp_path / "site" / "img" / "softmax_fusion").exists()
+    assert "No results yet" in (tmp_path / "site" / "atlas" / "index.html").read_text()
+
+
+def test_invalid_case_fails_the_build_with_its_error(tmp_path: Path, capsys):
+    cases = copy_cases(tmp_path / "cases")
+    bad = cases / "softmax_fusion.yaml"
+    bad.write_text(bad.read_text().replace("patterns: [fusion, online_reduction, specialization]",
+                                           "patterns: [fusion, magic]"))
+    assert build_site(cases, tmp_path / "results", tmp_path / "site") == 1
+    assert "softmax_fusion.yaml" in capsys.readouterr().err
+
+
+# --- stale results ---------------------------------------------------------------------------
+
+
+def test_stale_result_is_marked_with_a_warning(tmp_path: Path):
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases, fresh=False)
+    book = load_book(cases, results)
+    stored = book.get("softmax_fusion").results
+    assert stored and all(r.stale for r in stored)
+    assert any("case file" in reason for reason in stored[0].stale)
+    md = site.plan(book).pages["cases/softmax_fusion.md"]
+    assert '!!! warning "Stale result on NVIDIA H200 SXM"' in md
+    assert "stale" in site.plan(book).pages["browse/hardware.md"]
+
+
+def test_fresh_result_becomes_stale_when_the_case_changes(tmp_path: Path):
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    assert not any(r.stale for r in load_book(cases, results).get("softmax_fusion").results)
+    path = cases / "softmax_fusion.yaml"
+    path.write_text(path.read_text() + "\n# an edit\n")
+    assert all(r.stale for r in load_book(cases, results).get("softmax_fusion").results)
+
+
+def test_result_for_an_unknown_case_is_a_warning_and_a_broken_result_an_error(tmp_path: Path):
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    orphan = results / "nvidia-h200" / "gone.json"
+    orphan.write_text((results / "nvidia-h200" / "softmax_fusion.json").read_text())
+    assert load_book(cases, results).warnings
+    orphan.write_text("{}")
+    with pytest.raises(BookError, match="gone.json"):
+        load_book(cases, results)
+
+
+# --- indices ---------------------------------------------------------------------------------
+
+
+def sections(markdown: str) -> dict[str, str]:
+    """`## Title { #anchor }` sections of a generated page, by anchor."""
+    out = {}
+    for part in re.split(r"\n## ", markdown)[1:]:
+        m = re.search(r"\{ #([a-z0-9-]+) \}", part.splitlines()[0])
+        out[m.group(1)] = part
+    return out
+
+
+def test_indices_list_the_right_cases(tmp_path: Path):
+    cases = copy_cases(tmp_path / "cases")
+    book = load_book(cases, tmp_path / "none")
+    pages = site.plan(book).pages
+    by_pattern = sections(pages["browse/pattern.md"])
+    by_bottleneck = sections(pages["browse/bottleneck.md"])
+    by_operator = sections(pages["browse/operator.md"])
+    for entry in book.entries:
+        link = f"(../cases/{entry.id}.md)"
+        for pattern in ("tiling", "fusion", "online-reduction", "persistent", "specialization"):
+            uses = pattern.replace("-", "_") in entry.case.patterns
+            assert (link in by_pattern[pattern]) == uses, (entry.id, pattern)
+        for kind, body in by_bottleneck.items():
+            assert (link in body) == (entry.case.bottleneck.kind == kind), (entry.id, kind)
+        assert link in by_operator[slug(entry.case.operator)]
+        for t in entry.case.transfers:  # every transfer target gets a section that names the source case
+            assert link in by_operator[slug(t.operator)]
+        assert f"(../{entry.id}.md)" not in pages["browse/transfers.md"]
+        assert f"c_{entry.id}" in pages["browse/transfers.md"]
+
+
+def test_mermaid_labels_cannot_break_the_graph(make_case, tmp_path: Path):
+    make_case({"  - operator: layernorm\n": '  - operator: "layer\\"norm]) --> x; click"\n'})
+    book = load_book(tmp_path / "cases", tmp_path / "none")
+    graph = site.plan(book).pages["browse/transfers.md"]
+    assert '["layer norm   --  x  click"]' in graph
+    assert '"]) -->' not in graph.replace('"]):::', "")
+
+
+# --- escaping --------------------------------------------------------------------------------
+
+
+class Live(HTMLParser):
+    """Collects what would run in a browser: script bodies, on* attributes, javascript: links, foreign images."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self._in_script = tag == "script"
+        for name, value in attrs:
+            if name.startswith("on"):
+                self.found.append(f"<{tag} {name}={value!r}>")
+            if name in ("href", "src") and (value or "").strip().lower().startswith(("javascript:", "data:text")):
+                self.found.append(f"<{tag} {name}={value!r}>")
+        if tag == "img" and dict(attrs).get("src") == "x":
+            self.found.append("<img src=x>")
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script and "alert(" in data:
+            self.found.append(f"<script>{data[:60]}")
+
+
+def test_markup_in_a_case_is_shown_as_text_never_run(make_case, tmp_path: Path, plot_cache: Path):
+    make_case({
+        'title: "Fused softmax: one read, one write, at every row length"':
+            f"title: '{EVIL}'",
+        "  - operator: layernorm\n": f"  - operator: '<b onmouseover=alert(3)>layernorm</b>'\n",
+        "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One reduction per row;",
+        "writeup:\n": "writeup:\n  notes: \"<script>alert(6)</script> [x](javascript:alert(7)) ![p](https://evil.example/p.png)\"\n",
+    }, name="xss_case")
+    cases = tmp_path / "cases"
+    results = copy_results(tmp_path / "results", cases, case_id="softmax_fusion", as_id="xss_case")
+    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
+    html_files = list((tmp_path / "site").rglob("*.html"))
+    case_html = page(tmp_path / "site", "xss_case")
+    assert "&lt;script&gt;alert" in case_html or "&#60;script&#62;alert" in case_html  # shown as text
+    for path in html_files:
+        parser = Live()
+        parser.feed(path.read_text())
+        assert not parser.found, f"{path}: {parser.found}"
+    index = (tmp_path / "site" / "search" / "search_index.json").read_text()
+    assert "<script>alert" not in index
+
+
+def test_esc_neutralises_html_and_markdown_syntax():
+    out = text.esc("<b>x</b> [a](javascript:x) {: onclick=y } `a<b` | *em*")
+    assert "<b>" not in out and "[a]" not in out and "{:" not in out and "|" not in out and "*em*" not in out
+    assert "<code>a&#60;b</code>" in out
+    notes = text.markdown_html("<i>x</i> [l](javascript:alert(1)) [ok](https://example.org) ![i](http://e/x.png)")
+    assert "<i>" not in notes and 'href="#"' in notes and 'href="https://example.org"' in notes and "<img" not in notes
+
+
+# --- offline ---------------------------------------------------------------------------------
+
+LOADS = re.compile(r"<(script|link|img|iframe|source|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?(https?:)?//", re.I)
+CSS_LOADS = re.compile(r"(?:url\(\s*[\"']?|@import\s+[\"']?)(?:https?:)?//", re.I)
+JS_LOADS = re.compile(r"""\.src\s*=\s*["'](?:https?:)?//|<script[^>]+src=["']?(?:https?:)?//""", re.I)
+# mkdocs-material's bundle names two CDN URLs it loads only when the page lacks them: Mermaid (we
+# define `mermaid` first, from assets/) and a ResizeObserver polyfill (every current browser has one).
+# The browser test blocks every off-host request and fails on any attempt.
+KNOWN_FALLBACKS = ("unpkg.com/mermaid@", "unpkg.com/resize-observer-polyfill")
+
+
+def test_nothing_is_loaded_off_the_host(built: Path):
+    bad = []
+    for path in built.rglob("*"):
+        if path.suffix in (".html", ".css"):
+            body = path.read_text(errors="replace")
+            bad += [f"{path}: {m.group(0)}" for m in LOADS.finditer(body)]
+            bad += [f"{path}: {m.group(0)}" for m in CSS_LOADS.finditer(body)] if path.suffix == ".css" else []
+        elif path.suffix == ".js":
+            body = path.read_text(errors="replace")
+            bad += [f"{path}: {m.group(0)}" for m in JS_LOADS.finditer(body)]
+            for url in re.findall(r"""["'](https?://[^"'\s]+)["']""", body):
+                if "unpkg.com" in url or "cdn" in url.split("/")[2]:
+                    if not url.split("://", 1)[1].startswith(KNOWN_FALLBACKS):
+                        bad.append(f"{path}: {url}")
+    assert not bad, "\n".join(bad[:20])
+    home = (built / "index.html").read_text()
+    assert "fonts.googleapis.com" not in home and "fonts.gstatic.com" not in home
+    mermaid = built / "assets" / "javascripts" / "mermaid"
+    assert (mermaid / "mermaid.min.js").is_file() and "MIT" in (mermaid / "LICENSE.txt").read_text()
+    assert 'src="../../assets/javascripts/mermaid/mermaid.min.js"' in (built / "browse" / "transfers" / "index.html").read_text()
+
+
+def test_generated_pages_are_not_written_into_docs():
+    assert not (REPO / "docs" / "cases").exists() and not (REPO / "docs" / "browse").exists()
