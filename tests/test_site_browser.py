@@ -1,0 +1,187 @@
+"""The built site in a real browser: headless Chromium (Debian's package) driven by Playwright.
+
+Searching finds the softmax case; its page shows the card and a loaded roofline; the pattern index
+lists every fusion case; the transfer graph renders; no console error, no request off the host, no
+script from a case runs. Screenshots go to $CASEBOOK_SCREENS (default /tmp/screens).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from site_helpers import build_site, copy_cases, copy_results
+
+from casebook.render.book import load_book
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENS = Path(os.environ.get("CASEBOOK_SCREENS", "/tmp/screens"))
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install playwright; .ci/run installs it)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium; .ci/run installs it)", allow_module_level=True)
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """The built site on 127.0.0.1, a free port, in a thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class Watch:
+    """Everything a page does that a test must see: console errors, off-host requests, dialogs."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.errors: list[str] = []
+        self.offhost: list[str] = []
+        self.dialogs: list[str] = []
+
+    def attach(self, context) -> None:
+        def route(r):
+            if r.request.url.startswith(self.base) or r.request.url.startswith(("data:", "blob:")):
+                r.continue_()
+            else:
+                self.offhost.append(r.request.url)
+                r.abort()
+
+        context.route("**/*", route)
+
+    def page(self, context):
+        page = context.new_page()
+        page.on("console", lambda m: self.errors.append(f"{page.url}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(f"{page.url}: {e}"))
+        page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        return page
+
+
+@pytest.fixture(scope="module")
+def book_site(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser")
+    cases = copy_cases(tmp / "cases")
+    results = copy_results(tmp / "results", cases)
+    assert build_site(cases, results, tmp / "site", tmp / "plots") == 0
+    server, base = serve(tmp / "site")
+    yield base, load_book(cases, results)
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def watched(browser, book_site):
+    base, book = book_site
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, device_scale_factor=2)
+    watch = Watch(base)
+    watch.attach(context)
+    yield context, watch, base, book
+    context.close()
+    assert not watch.offhost, f"requests off the host: {watch.offhost}"
+    assert not watch.errors, f"console errors: {watch.errors}"
+    assert not watch.dialogs, f"dialogs opened: {watch.dialogs}"
+
+
+def test_search_finds_the_softmax_case(watched):
+    context, watch, base, _ = watched
+    page = watch.page(context)
+    page.goto(f"{base}/")
+    page.locator(".md-search__input").click()
+    page.keyboard.type("online softmax")
+    item = page.locator(".md-search-result__item", has_text="Fused softmax")
+    item.first.wait_for(timeout=15_000)
+    assert "cases/softmax_fusion/" in item.first.locator("a").first.get_attribute("href")
+
+
+def test_case_page_shows_the_card_and_the_roofline(watched):
+    context, watch, base, _ = watched
+    page = watch.page(context)
+    page.goto(f"{base}/cases/softmax_fusion/")
+    answers = page.locator(".cb-answer")
+    assert answers.count() == 4
+    card = page.locator(".cb-card").inner_text()
+    for phrase in ("WHAT LIMITS IT?", "Bandwidth-bound", "Fusion", "Online reduction", "HOLDS", "BREAKS",
+                   "layernorm", "attention"):
+        assert phrase.lower() in card.lower(), phrase
+    roofline = page.locator('img[src*="nvidia-h200-roofline"]')
+    roofline.scroll_into_view_if_needed()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=roofline.element_handle(),
+                           timeout=10_000)
+    assert roofline.evaluate("img => img.naturalWidth") > 0
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(SCREENS / "softmax-card.png"))
+    roofline.screenshot(path=str(SCREENS / "softmax-roofline.png"))
+    page.locator("h2#level-2-the-real-shape-distribution").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENS / "softmax-level2.png"))
+
+
+def test_pattern_index_lists_every_fusion_case(watched):
+    context, watch, base, book = watched
+    page = watch.page(context)
+    page.goto(f"{base}/browse/pattern/")
+    hrefs = page.evaluate("""() => {
+        const out = []; let el = document.getElementById('fusion').nextElementSibling;
+        while (el && el.tagName !== 'H2') { el.querySelectorAll('a').forEach(a => out.push(a.getAttribute('href'))); el = el.nextElementSibling; }
+        return out; }""")
+    expected = {e.id for e in book.entries if "fusion" in e.case.patterns}
+    assert expected and all(any(f"cases/{cid}/" in h for h in hrefs) for cid in expected), (expected, hrefs)
+    others = {e.id for e in book.entries} - expected
+    assert not any(f"cases/{cid}/" in h for cid in others for h in hrefs)
+
+
+def test_transfer_graph_renders(watched):
+    context, watch, base, _ = watched
+    page = watch.page(context)
+    # mkdocs-material puts the diagram in a *closed* shadow root; open it for the test to see inside.
+    page.add_init_script("""const attach = Element.prototype.attachShadow;
+        Element.prototype.attachShadow = function (init) { return attach.call(this, {...init, mode: 'open'}); };""")
+    page.goto(f"{base}/browse/transfers/")
+    page.locator(".mermaid svg").first.wait_for(timeout=20_000)
+    assert page.locator(".mermaid svg .node").count() >= 2
+    page.screenshot(path=str(SCREENS / "transfer-graph.png"))
+
+
+def test_a_script_in_a_case_never_runs(browser, make_case, tmp_path):
+    make_case({'title: "Fused softmax: one read, one write, at every row length"':
+               "title: '<script>alert(1)</script> <img src=x onerror=alert(2)>'"}, name="xss_case")
+    cases = tmp_path / "cases"
+    assert build_site(cases, tmp_path / "results", tmp_path / "site", tmp_path / "plots") == 0
+    server, base = serve(tmp_path / "site")
+    try:
+        context = browser.new_context()
+        watch = Watch(base)
+        watch.attach(context)
+        page = watch.page(context)
+        page.goto(f"{base}/cases/xss_case/")
+        assert "<script>alert(1)</script>" in page.locator("article h1").inner_text()  # shown as text
+        assert "<script>alert(1)</script>" in page.title()
+        for url in (f"{base}/cases/", f"{base}/browse/pattern/"):
+            page = watch.page(context)
+            page.goto(url)
+            page.wait_for_timeout(300)
+        page.locator(".md-search__input").click()
+        page.keyboard.type("alert")
+        page.locator(".md-search-result__item").first.wait_for(timeout=15_000)
+        page.wait_for_timeout(500)
+        context.close()
+    finally:
+        server.shutdown()
+    assert not watch.dialogs, watch.dialogs
+    assert not watch.offhost, watch.offhost
