@@ -32,8 +32,9 @@ from casebook.traffic import Term, Traffic
 
 
 def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A @ B in float64."""
-    return a.to(torch.float64) @ b.to(torch.float64)
+    """A @ B in float64 (on a GPU when there is one: see gemm_common.reference_device)."""
+    dev = gemm_common.reference_device()
+    return (a.to(dev, torch.float64) @ b.to(dev, torch.float64)).to(a.device)
 
 
 def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
