@@ -223,4 +223,31 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
             errors.append(CaseError(path, lines.line(("kernel", "module")), "results",
                                     f"{shown} is stale: casebook/kernels/{case.kernel.module}.py changed since it "
                                     "was run; run it again"))
+        errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
     return errors
+
+
+def unpublishable(case: Case, doc: dict) -> list[str]:
+    """Why a stored result is not one to publish: a smoke or partial run, or one that records a failure."""
+    why = []
+    if " --quick" in str(doc.get("command", "")):
+        why.append("is a --quick smoke run, not a result to publish; run without --quick")
+    ran = {v.get("name") for v in doc.get("variants", []) if isinstance(v, dict)}
+    missing = [v.name for v in case.kernel.variants if ran and v.name not in ran]
+    if missing:
+        why.append(f"lacks variant(s) {', '.join(missing)} (a --variant run); run the whole ladder")
+    points = list(doc.get("kernel_level", [])) + list((doc.get("workload_level") or {}).get("points", []))
+    bad = [p for p in points if isinstance(p, dict) and p.get("status") in ("failed", "crashed", "timeout")]
+    if bad:
+        p = bad[0]
+        shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
+        why.append(f"records {len(bad)} failed point(s), first {p.get('variant')} {shape} {p.get('dtype')}: "
+                   f"{p.get('status')}: {p.get('error')}; fix the variant (or its traffic model) and run again")
+    e2e = doc.get("end_to_end") or {}
+    if e2e.get("status") == "failed":
+        why.append(f"records a failed end-to-end scenario: {e2e.get('error')}")
+    for c in doc.get("claims", []):
+        if isinstance(c, dict) and c.get("held") is False:
+            why.append(f"records a failed claim: {c.get('text')!r} ({c.get('detail')}); fix the kernel, or the "
+                       "claim (or its `hardware:` scope)")
+    return why

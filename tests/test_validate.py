@@ -168,6 +168,46 @@ def test_strict_unreadable_results(make_case):
     assert "results/nvidia-h200/softmax_fusion.json is unreadable" in str(error)
 
 
+FAILED_POINT = {"variant": "triton_online", "shape": {"rows": 512, "cols": 1024}, "dtype": "fp32", "status": "failed",
+                "error": "seed 1: relative error 0.3 over tolerance 1e-05"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"command": "casebook run cases/softmax_fusion.yaml --quick"},
+     "is a --quick smoke run, not a result to publish; run without --quick"),
+    ({"variants": [{"name": "torch_softmax"}, {"name": "triton_online"}]},
+     "lacks variant(s) eager, torch_compile, triton_onepass (a --variant run); run the whole ladder"),
+    ({"kernel_level": [{"variant": "eager", "status": "ok"}, FAILED_POINT, FAILED_POINT]},
+     "records 2 failed point(s), first triton_online 512x1024 fp32: failed: seed 1: relative error 0.3 over "
+     "tolerance 1e-05; fix the variant (or its traffic model) and run again"),
+    ({"workload_level": {"points": [{**FAILED_POINT, "status": "timeout", "error": "killed"}]}},
+     "records 1 failed point(s), first triton_online 512x1024 fp32: timeout: killed; fix the variant (or its "
+     "traffic model) and run again"),
+    ({"end_to_end": {"status": "failed", "error": "scenario output has NaN or Inf"}},
+     "records a failed end-to-end scenario: scenario output has NaN or Inf"),
+    ({"claims": [{"text": "fast", "held": True, "detail": ""}, {"text": "faster", "held": False, "detail": "1.2x < 1.5x"},
+                 {"text": "n/a", "held": None, "detail": ""}]},
+     "records a failed claim: 'faster' (1.2x < 1.5x); fix the kernel, or the claim (or its `hardware:` scope)"),
+])
+def test_strict_rejects_results_not_to_publish(make_case, extra, message):
+    path = make_case()
+    result = store_result(path)
+    result.write_text(json.dumps({**json.loads(result.read_text()), **extra}))
+    assert [str(e) for e in validate([path], strict=True).errors] == [
+        f"{path}:1: results: results/nvidia-h200/softmax_fusion.json {message}"]
+
+
+def test_strict_accepts_a_clean_full_result(make_case):
+    path = make_case()
+    result = store_result(path)
+    names = ["eager", "torch_softmax", "torch_compile", "triton_onepass", "triton_online"]
+    result.write_text(json.dumps({**json.loads(result.read_text()), "command": "casebook run cases/softmax_fusion.yaml",
+                                  "variants": [{"name": n} for n in names],
+                                  "kernel_level": [{"status": s} for s in ("ok", "checked", "skipped")],
+                                  "end_to_end": {"status": "partial"}, "claims": [{"held": None}, {"held": True}]}))
+    assert validate([path], strict=True).errors == []
+
+
 def test_check_command_passes_with_fresh_results(make_case, cli):
     path = make_case()
     store_result(path)
