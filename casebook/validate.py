@@ -56,6 +56,7 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
         report.problems += check_links(case, lines, ids)
         report.problems += check_kernel(path, case, lines)
         if strict:
+            report.problems += check_scaffold(path, case)
             report.problems += check_cpu_path(case, lines)
             report.problems += check_results(path, case, lines)
     return report
@@ -185,6 +186,31 @@ def _bound(body: list[ast.stmt]) -> set[str]:
 
 
 # --- strict: what a reviewer would reject ------------------------------------------------------------
+
+
+SCAFFOLD_CASE = ("Two or three sentences: the problem and the method", "placeholder weight, replace with a trace")
+"""Text of `casebook new`'s case template that a finished case no longer holds."""
+
+SCAFFOLD_KERNEL = "This is the scaffold `casebook new` writes"
+"""Text of `casebook new`'s kernel template that a finished kernel module no longer holds."""
+
+
+def check_scaffold(path: Path, case: Case) -> list[CaseError]:
+    """The scaffold's placeholder text is gone from the case file and its kernel module."""
+    errors = []
+    rows = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    for mark in SCAFFOLD_CASE:
+        for i, row in enumerate(rows, 1):
+            if mark in row:
+                errors.append(CaseError(path, i, "scaffold", f"still holds the scaffold's placeholder ({mark!r}); "
+                                                             "write your case's own"))
+    source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
+    text = source.read_text(encoding="utf-8", errors="replace") if source.is_file() else ""
+    if SCAFFOLD_KERNEL in text:
+        line = text[: text.index(SCAFFOLD_KERNEL)].count("\n") + 1
+        errors.append(CaseError(path, 1, "scaffold", f"casebook/kernels/{case.kernel.module}.py:{line} still is the "
+                                                     "scaffold's scaled add; write your kernel"))
+    return errors
 
 
 def check_cpu_path(case: Case, lines: Lines) -> list[CaseError]:

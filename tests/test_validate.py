@@ -208,6 +208,25 @@ def test_strict_accepts_a_clean_full_result(make_case):
     assert validate([path], strict=True).errors == []
 
 
+def test_strict_rejects_an_untouched_scaffold(tmp_path, monkeypatch):
+    from casebook.commands import new
+    from casebook.validate import SCAFFOLD_CASE, SCAFFOLD_KERNEL
+
+    (tmp_path / "casebook" / "kernels").mkdir(parents=True)
+    assert new.main("fresh_case", root=tmp_path) == 0
+    path = tmp_path / "cases" / "fresh_case.yaml"
+    store_result(path, kernel_sha=provenance.kernel_sha256("fresh_case", tmp_path / "casebook" / "kernels"))
+    rows = path.read_text().splitlines()
+    lines = [i for mark in SCAFFOLD_CASE for i, row in enumerate(rows, 1) if mark in row]
+    assert len(lines) == 3  # the summary and two workload sources
+    errors = [str(e) for e in validate([path], strict=True).errors]
+    assert errors == [f"{path}:{i}: scaffold: still holds the scaffold's placeholder ({mark!r}); write your case's own"
+                      for mark in SCAFFOLD_CASE for i, row in enumerate(rows, 1) if mark in row] + [
+        f"{path}:1: scaffold: casebook/kernels/fresh_case.py:3 still is the scaffold's scaled add; write your kernel"]
+    assert SCAFFOLD_KERNEL in (tmp_path / "casebook" / "kernels" / "fresh_case.py").read_text()
+    assert validate([path]).errors == []  # plain validate accepts the scaffold: it is a valid case
+
+
 def test_check_command_passes_with_fresh_results(make_case, cli):
     path = make_case()
     store_result(path)
