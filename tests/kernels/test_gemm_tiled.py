@@ -1,5 +1,5 @@
 """gemm_tiled: every variant against the float64 reference at small awkward shapes (Triton through the
-interpreter), the traffic model, the SwiGLU scenario, and an sm90 compile of every GPU config."""
+interpreter), the traffic model, the SwiGLU scenario, and an sm90 compile of the largest GPU configs."""
 
 from __future__ import annotations
 
@@ -106,9 +106,13 @@ SM90_COMPILE = textwrap.dedent("""
 
     base = dict(HAS_BIAS=True, GELU=True, UPCAST_DOT=False, EVEN_K=True, NUM_SMS=132,
                 stride_ak=1, stride_bn=1, stride_cn=1)
+    def footprint(cfg):  # shared memory of the operand stages, the configs likeliest not to fit
+        k = cfg.kwargs
+        return (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * cfg.num_stages
+
     for kernel, configs in ((gc._tiled_kernel, gc.TILED_CONFIGS), (gc._persistent_kernel, gc.PERSISTENT_CONFIGS),
                             (gc._tma_persistent_kernel, gc.TMA_CONFIGS)):
-        for cfg in configs:
+        for cfg in sorted(configs, key=footprint)[-2:]:  # two per kernel keeps a cold compile near 15 s
             ck = build(kernel, cfg, base)
             print(jit(kernel).__name__, cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.kwargs["BLOCK_K"],
                   cfg.num_stages, cfg.num_warps, ck.metadata.shared)
@@ -116,8 +120,8 @@ SM90_COMPILE = textwrap.dedent("""
 """)
 
 
-def test_every_gpu_config_compiles_for_sm90():
-    """Without a GPU: Triton compiles each kernel and config down to sm90 PTX and cubin (ptxas is bundled)."""
+def test_largest_gpu_configs_compile_for_sm90():
+    """Without a GPU: Triton compiles each kernel, with its two largest configs, to sm90 (ptxas is bundled)."""
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
         from triton.backends.nvidia import compiler  # noqa: F401
