@@ -56,9 +56,10 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
         report.problems += check_links(case, lines, ids)
         report.problems += check_kernel(path, case, lines)
         if strict:
-            report.problems += check_scaffold(path, case)
             report.problems += check_cpu_path(case, lines)
             report.problems += check_results(path, case, lines)
+            report.problems += check_claims(path, case, lines)
+            report.problems += check_scaffold(path, case)
     return report
 
 
@@ -277,3 +278,16 @@ def unpublishable(case: Case, doc: dict) -> list[str]:
             why.append(f"records a failed claim: {c.get('text')!r} ({c.get('detail')}); fix the kernel, or the "
                        "claim (or its `hardware:` scope)")
     return why
+
+
+def check_claims(path: Path, case: Case, lines: Lines) -> list[CaseError]:
+    """Warn when a case with results claims nothing, or a claim is scoped to machines with no stored result."""
+    ran = {p.parent.name for p in (book_root(path) / "results").glob(f"*/{case.id}.json")}
+    if not case.claims:
+        return [lines.error(("claims",), "no claims: the run checks nothing against its measurements; now that "
+                                         "there are results, add at least one (kinds: regime, roof_fraction, "
+                                         "throughput, speedup)", warning=True)] if ran else []
+    return [lines.error(("claims", i, "hardware"),
+                        f"claim is scoped to {', '.join(c.hardware)}, which has no results/<hardware>/{case.id}.json: "
+                        "it is never checked until the case runs there", warning=True)
+            for i, c in enumerate(case.claims) if c.hardware and not ran & set(c.hardware)]

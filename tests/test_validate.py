@@ -227,6 +227,32 @@ def test_strict_rejects_an_untouched_scaffold(tmp_path, monkeypatch):
     assert validate([path]).errors == []  # plain validate accepts the scaffold: it is a valid case
 
 
+def test_strict_warns_about_claims_never_checked(make_case, line_of):
+    path = make_case()
+    result = store_result(path)
+    cpu = result.parent.parent / "cpu-x86-64-2c" / result.name
+    cpu.parent.mkdir()
+    result.rename(cpu)
+    warnings = [str(w) for w in validate([path], strict=True).warnings if w.field.startswith("claims")]
+    assert len(warnings) == 7  # every claim of the softmax case is scoped to nvidia-h200
+    assert warnings[0] == (f"{path}:{line_of(path, 'hardware: [nvidia-h200]')}: claims.0.hardware: warning: claim is "
+                           "scoped to nvidia-h200, which has no results/<hardware>/softmax_fusion.json: it is never "
+                           "checked until the case runs there")
+    store_result(path)
+    assert [w for w in validate([path], strict=True).warnings if w.field.startswith("claims")] == []
+
+
+def test_strict_warns_about_a_case_without_claims(make_case, softmax_text, line_of):
+    text = softmax_text[: softmax_text.index("\nclaims:")] + "\nclaims: []\n" + \
+        softmax_text[softmax_text.index("\nwriteup:"):]
+    path = make_case(text=text)
+    assert [w for w in validate([path], strict=True).warnings if w.field == "claims"] == []  # no numbers yet
+    store_result(path)
+    assert f"{path}:{line_of(path, 'claims: []')}: claims: warning: no claims: the run checks nothing against its " \
+           "measurements; now that there are results, add at least one (kinds: regime, roof_fraction, throughput, " \
+           "speedup)" in [str(w) for w in validate([path], strict=True).warnings]
+
+
 def test_check_command_passes_with_fresh_results(make_case, cli):
     path = make_case()
     store_result(path)
