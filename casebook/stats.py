@@ -56,4 +56,6 @@ def weighted_geomean(values: list[float], weights: list[float]) -> float:
     if any(v <= 0 for v in values):
         raise ValueError("geometric mean of non-positive values")
     total = sum(weights)
+    if any(w < 0 for w in weights) or not total > 0:
+        raise ValueError("weights must be non-negative and not all zero")
     return math.exp(sum(w * math.log(v) for v, w in zip(values, weights)) / total)
