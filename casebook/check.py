@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,6 +48,20 @@ def _poison_allocator(shape: tuple, dtype: torch.dtype, device: str) -> None:
         del poison
 
 
+@contextlib.contextmanager
+def _fill_new_memory_with_nan(device: str):
+    """On a CPU, NaN-fill every tensor allocated during the call (torch's deterministic mode does that): the C
+    allocator returns large freed blocks to the OS, so the poison block alone misses unwritten outputs there."""
+    if device != "cpu" or torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
           make_inputs: Callable[..., dict], shape: dict, dtype: str, device: str, seeds: list[int],
           tolerance: float | None = None) -> Check:
@@ -60,7 +75,8 @@ def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor
         before = {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
         _poison_allocator(tuple(expected.shape), TORCH_DTYPES[dtype], device)
         try:
-            out = fn(**inputs)
+            with _fill_new_memory_with_nan(device):
+                out = fn(**inputs)
             if device == "cuda":
                 torch.cuda.synchronize()
             err = _compare(out, expected, inputs, before, dtype, device)
