@@ -26,7 +26,7 @@ class Protocol:
     min_reps: int = 10
     max_reps: int = 2000
     target_rse: float = 0.005
-    time_cap_s: float = 2.0
+    time_cap_s: float = 1.0
     statistic: str = "median"
 
     def as_dict(self) -> dict:

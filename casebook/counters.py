@@ -47,8 +47,9 @@ def read(case_path: Path, doc: dict, progress: Callable[[str], None] = print) ->
     case = load_case(case_path)
     shape, dtype = _counters_shape(case), case.levels.kernel.dtypes[0]
     rows = []
+    measured_here = {v["name"] for v in doc["variants"] if v.get("device") == "cuda"}
     for v in case.kernel.variants:
-        if placement(v, on_gpu=True) != ("cuda", True):
+        if placement(v, on_gpu=True) != ("cuda", True) or v.name not in measured_here:
             continue
         progress(f"counters: {v.name} under ncu")
         spec = json.dumps({"module": case.kernel.module, "fn": v.fn, "inputs": case.kernel.inputs,

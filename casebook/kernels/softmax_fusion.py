@@ -33,10 +33,17 @@ def reference(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x.to(torch.float64), dim=-1)
 
 
+def on_device(generator: torch.Generator, device: str) -> torch.Generator:
+    """A generator on `device` seeded from `generator`: large inputs are drawn where they live."""
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
     """Logits with the spread of real attention scores (std 2), never zeros or ones."""
-    x = torch.randn(shape["rows"], shape["cols"], generator=generator, dtype=torch.float32) * 2.0
-    return {"x": x.to(device=device, dtype=dtype)}
+    g = on_device(generator, device)
+    x = torch.randn(shape["rows"], shape["cols"], generator=g, device=device, dtype=torch.float32) * 2.0
+    return {"x": x.to(dtype)}
 
 
 def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
@@ -261,7 +268,8 @@ def triton_online(x: torch.Tensor) -> torch.Tensor:
 def make_attention_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
     """q, k, v of one attention layer: [batch, heads, seq, head_dim]."""
     dims = (shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])
-    q, k, v = (torch.randn(dims, generator=generator).to(device=device, dtype=dtype) for _ in range(3))
+    g = on_device(generator, device)
+    q, k, v = (torch.randn(dims, generator=g, device=device).to(dtype) for _ in range(3))
     return {"q": q, "k": k, "v": v}
 
 
