@@ -5,7 +5,7 @@ the claims checked, the result assembled. The library does not print: progress g
 from __future__ import annotations
 
 import datetime as dt
-import sys
+import importlib.util
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
@@ -17,7 +17,7 @@ from casebook.check import TOLERANCE
 from casebook.isolate import run_isolated
 from casebook.load import load_case
 from casebook.measure import Task, work
-from casebook.provenance import case_sha256, kernel_sha256
+from casebook.provenance import case_sha256, kernel_path, kernel_sha256
 from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
 from casebook.stats import weighted_geomean
 
@@ -136,7 +136,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     e2e = _end_to_end(case, e2e_runs, on_gpu)
     outcomes_claims = claims_mod.evaluate(case, ident["slug"], kernel_points, workload, e2e)
     env["clocks_end"] = hardware.clocks()
-    kernel_file = Path(sys.modules["casebook"].__file__).parent / "kernels" / f"{case.kernel.module}.py"
+    kernel_file = _kernel_file(case.kernel.module)
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
                     "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
@@ -153,7 +153,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         "schema_version": RESULT_SCHEMA_VERSION,
         "case_id": case.id,
         "case_sha256": case_sha256(Path(path)),
-        "kernel_sha256": kernel_sha256(case.kernel.module),
+        "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
         "command": f"casebook run {Path(path).as_posix()}" + (" --quick" if quick else ""),
         "started_at": started,
         "finished_at": _now(),
@@ -168,6 +168,12 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         "claims": outcomes_claims,
         "kernel_file": kernel_file.name,
     }
+
+
+def _kernel_file(module: str) -> Path:
+    """The source the children import as `casebook.kernels.<module>` (CASEBOOK_KERNELS_PATH included)."""
+    spec = importlib.util.find_spec(f"casebook.kernels.{module}")
+    return Path(spec.origin) if spec and spec.origin else kernel_path(module)
 
 
 def _now() -> str:
