@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -92,7 +93,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
         sample, timer = (_cuda_graph_sampler(fn) if protocol.graph else _cuda_sampler(fn, protocol.cache == "cold"),
                          "cuda graph replay" if protocol.graph else "cuda events")
     else:
-        sample, timer = _cpu_sampler(fn), "time.perf_counter_ns"
+        sample, timer = _cpu_sampler(fn, protocol.cache == "cold"), "time.perf_counter_ns"
 
     times: list[float] = []
     cap = time.perf_counter() + protocol.time_cap_s
@@ -162,10 +163,32 @@ def _cuda_graph_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]
     return sample
 
 
-def _cpu_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]]:
+def _cpu_last_level_cache_bytes() -> int:
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KM")) * scale)
+    return max(sizes, default=64 * 2**20)
+
+
+_cpu_flush_buffer: torch.Tensor | None = None
+
+
+def _cpu_flush() -> None:
+    """Read and write a buffer twice the last-level cache: the next call finds its data in memory, not cache."""
+    global _cpu_flush_buffer
+    if _cpu_flush_buffer is None:
+        _cpu_flush_buffer = torch.zeros(2 * _cpu_last_level_cache_bytes() // 4, dtype=torch.int32)
+    _cpu_flush_buffer.add_(1)  # not zero_(): large memsets use non-temporal stores, which bypass the cache
+
+
+def _cpu_sampler(fn: Callable[[], object], flush: bool) -> Callable[[int], list[float]]:
     def sample(n: int) -> list[float]:
         out = []
         for _ in range(n):
+            if flush:
+                _cpu_flush()
             t0 = time.perf_counter_ns()
             fn()
             out.append((time.perf_counter_ns() - t0) / 1e3)
