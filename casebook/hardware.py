@@ -100,7 +100,9 @@ def _git() -> dict:
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {"casebook_commit": None, "casebook_dirty": None}
-    return {"casebook_commit": commit or None, "casebook_dirty": bool(dirty) if commit else None}
+    if len(commit) != 40:  # not a git checkout (a copied tree): say nothing rather than something wrong
+        return {"casebook_commit": None, "casebook_dirty": None}
+    return {"casebook_commit": commit, "casebook_dirty": bool(dirty)}
 
 
 # --- measured ceilings -------------------------------------------------------------------------
