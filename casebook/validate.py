@@ -55,6 +55,7 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
     for path, case, lines in report.cases:
         report.problems += check_links(case, lines, ids)
         report.problems += check_kernel(path, case, lines)
+        report.problems += check_signatures(path, case, lines)
         if strict:
             report.problems += check_cpu_path(case, lines)
             report.problems += check_results(path, case, lines)
@@ -184,6 +185,73 @@ def _bound(body: list[ast.stmt]) -> set[str]:
             for handler in getattr(node, "handlers", []):
                 names |= _bound(handler.body)
     return names
+
+
+def check_signatures(path: Path, case: Case, lines: Lines) -> list[CaseError]:
+    """Every variant takes the arguments the reference takes: the input maker's dict is passed to both by name.
+
+    Read from the source; functions defined other than by a plain `def` (a lambda, a partial, `*args`)
+    are not judged.
+    """
+    source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
+    if not source.is_file():
+        return []
+    st = source.stat()
+    sigs = _signatures(str(source), st.st_mtime_ns, st.st_size)
+    ref = sigs.get(case.kernel.reference)
+    if ref is None:
+        return []
+    errors = []
+    for i, v in enumerate(case.kernel.variants):
+        mine = sigs.get(v.fn)
+        if mine is None or mine == ref:
+            continue
+        (ref_all, ref_required), (all_, required) = ref, mine
+        if set(ref_required) <= set(all_) and set(required) <= set(ref_all):
+            continue
+        errors.append(lines.error(("kernel", "variants", i, "fn"),
+                                  f"{v.fn}({', '.join(all_)}) does not take the arguments of "
+                                  f"{case.kernel.reference}({', '.join(ref_all)}): the input maker's tensors are "
+                                  "passed to both by name"))
+    return errors
+
+
+@functools.lru_cache(maxsize=256)
+def _signatures(source: str, mtime_ns: int, size: int) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """{name: (every parameter, the required ones)} for each plain top-level `def` bound once, without * or **."""
+    try:
+        tree = ast.parse(Path(source).read_bytes(), filename=source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OSError):
+        return {}
+    defs: dict[str, list] = {}
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(node.name, []).append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.ClassDef, ast.Import, ast.ImportFrom)):
+                for name in _bound([node]):
+                    defs.setdefault(name, []).append(None)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in ("body", "orelse", "finalbody"):
+                    walk(getattr(node, block, []))
+                for handler in getattr(node, "handlers", []):
+                    walk(handler.body)
+
+    walk(tree.body)
+    out = {}
+    for name, nodes in defs.items():
+        if len(nodes) != 1 or nodes[0] is None:
+            continue
+        a = nodes[0].args
+        if a.vararg or a.kwarg:
+            continue
+        positional = a.posonlyargs + a.args
+        params = [x.arg for x in positional + a.kwonlyargs]
+        defaulted = {x.arg for x in positional[len(positional) - len(a.defaults):]} if a.defaults else set()
+        defaulted |= {x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None}
+        out[name] = (tuple(params), tuple(p for p in params if p not in defaulted))
+    return out
 
 
 # --- strict: what a reviewer would reject ------------------------------------------------------------

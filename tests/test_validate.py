@@ -85,6 +85,24 @@ def test_kernel_module_is_parsed_once(make_case, tmp_path):
     assert (info.misses, info.hits) == (1, 2)
 
 
+def test_variants_take_the_reference_arguments(make_case, tmp_path, line_of):
+    book_with_kernel(tmp_path, KERNEL.replace("def eager(x: torch.Tensor)", "def eager(logits: torch.Tensor)")
+                     .replace("def torch_softmax(x: torch.Tensor)", "def torch_softmax(x, dim: int = -1)"))
+    path = make_case()
+    assert problems(path) == [f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not "
+                              "take the arguments of reference(x): the input maker's tensors are passed to both by name"]
+
+
+def test_signatures_not_judged_when_not_plain(tmp_path):
+    from casebook.validate import _signatures
+
+    source = tmp_path / "m.py"
+    source.write_text("def a(x, *rest): pass\ndef b(x, y=1, *, z, w=2): pass\nc = lambda x: x\n"
+                      "def d(x): pass\nif True:\n    def d(y): pass\n")
+    st = source.stat()
+    assert _signatures(str(source), st.st_mtime_ns, st.st_size) == {"b": (("x", "y", "z", "w"), ("x", "z"))}
+
+
 # --- links and ids ---------------------------------------------------------------------------------
 
 
