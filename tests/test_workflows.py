@@ -195,6 +195,7 @@ def touched(repo: Path, edits: dict[str, str | None]) -> list[str]:
         if text is None:
             git(repo, "rm", "-q", name)
         else:
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
             (repo / name).write_text(text)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "--allow-empty", "-m", "change")
@@ -211,6 +212,7 @@ def touched(repo: Path, edits: dict[str, str | None]) -> list[str]:
     ({"casebook/kernels/helper.py": "SCALE = 2\n"}, ["shared_user"]),  # a shared helper touches its users
     ({"casebook/bench.py": "# changed\n"}, ["shared_user", "softmax_fusion"]),  # the harness touches all
     ({"casebook/render/site.py": "# changed\n"}, []),
+    ({"results/nvidia-h200/softmax_fusion.json": "{}\n"}, ["softmax_fusion"]),  # a result alone is checked too
 ])
 def test_changed_cases(repo, edits, expected):
     assert touched(repo, edits) == expected

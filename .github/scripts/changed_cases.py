@@ -2,8 +2,8 @@
 
     python .github/scripts/changed_cases.py BASE_SHA [--root .]
 
-A case is touched when its case file changed, when its kernel module changed, or when a kernel module
-it imports from `casebook.kernels` changed (a shared helper such as gemm_common). A change to the
+A case is touched when its case file, its kernel module or one of its stored results changed, or when
+a kernel module it imports from `casebook.kernels` changed (a shared helper such as gemm_common). A change to the
 measurement harness (timing, checking, the roofline, claims, the hardware registry) touches every case. Deleted files touch nothing. File names come from the pull request: they are matched against
 patterns and never passed to a shell.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
 CASE_FILE = re.compile(r"^cases/([a-z][a-z0-9_]*)\.yaml$")
 KERNEL_FILE = re.compile(r"^casebook/kernels/([a-z][a-z0-9_]*)\.py$")
+RESULT_FILE = re.compile(r"^results/[a-z0-9][a-z0-9-]*/([a-z][a-z0-9_]*)\.json$")
 HARNESS = re.compile(r"^casebook/(bench|check|claims|counters|hardware|isolate|measure|roofline|run|stats|traffic)\.py$"
                      r"|^casebook/data/")
 """What every measurement goes through: a change here can change any case's numbers."""
@@ -69,7 +70,7 @@ def touched(files: list[str], root: Path) -> list[str]:
     modules = case_modules(root)
     if any(HARNESS.match(f) for f in files):
         return sorted(modules)
-    ids = {m.group(1) for f in files if (m := CASE_FILE.match(f))}
+    ids = {m.group(1) for f in files if (m := CASE_FILE.match(f) or RESULT_FILE.match(f))}
     changed_modules = {m.group(1) for f in files if (m := KERNEL_FILE.match(f))}
     kernels = root / "casebook" / "kernels"
     for case_id, module in modules.items():
