@@ -126,6 +126,7 @@ def test_case_page_shows_the_card_and_the_roofline(watched):
     assert roofline.evaluate("img => img.naturalWidth") > 0
     SCREENS.mkdir(parents=True, exist_ok=True)
     page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(400)  # the header tabs fade in
     page.screenshot(path=str(SCREENS / "softmax-card.png"))
     roofline.screenshot(path=str(SCREENS / "softmax-roofline.png"))
     page.locator("h2#level-2-the-real-shape-distribution").scroll_into_view_if_needed()

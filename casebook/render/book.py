@@ -59,12 +59,13 @@ class Book:
         return next((e for e in self.entries if e.id == case_id), None)
 
     def hardware(self) -> dict[str, list[StoredResult]]:
-        """Results grouped by machine slug."""
+        """Results grouped by machine slug, GPUs first."""
         out: dict[str, list[StoredResult]] = {}
         for e in self.entries:
             for r in e.results:
                 out.setdefault(r.slug, []).append(r)
-        return dict(sorted(out.items()))
+        gpu_first = lambda item: (item[1][0].result.hardware.get("kind") != "gpu", item[0])  # noqa: E731
+        return dict(sorted(out.items(), key=gpu_first))
 
 
 def load_book(cases_dir: Path, results_dir: Path) -> Book:
