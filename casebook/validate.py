@@ -319,6 +319,7 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
                                     f"{shown} is stale: casebook/kernels/{case.kernel.module}.py changed since it "
                                     "was run; run it again"))
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
+        errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
     return errors
 
 
@@ -341,11 +342,14 @@ def unpublishable(case: Case, doc: dict) -> list[str]:
     e2e = doc.get("end_to_end") or {}
     if e2e.get("status") == "failed":
         why.append(f"records a failed end-to-end scenario: {e2e.get('error')}")
-    for c in doc.get("claims", []):
-        if isinstance(c, dict) and c.get("held") is False:
-            why.append(f"records a failed claim: {c.get('text')!r} ({c.get('detail')}); fix the kernel, or the "
-                       "claim (or its `hardware:` scope)")
     return why
+
+
+def missed_claims(doc: dict) -> list[str]:
+    """Claims the run measured as failed: a missed target is published with its number, so a warning."""
+    return [f"records a failed claim: {c.get('text')!r} ({c.get('detail')}); the page shows it as failed; "
+            "fix the kernel, or restate the claim as what was measured"
+            for c in doc.get("claims", []) if isinstance(c, dict) and c.get("held") is False]
 
 
 def check_claims(path: Path, case: Case, lines: Lines) -> list[CaseError]:
