@@ -129,7 +129,8 @@ def test_case_page_shows_the_card_and_the_roofline(watched):
     page.wait_for_timeout(400)  # the header tabs fade in
     page.screenshot(path=str(SCREENS / "softmax-card.png"))
     roofline.screenshot(path=str(SCREENS / "softmax-roofline.png"))
-    page.locator("h2#level-2-the-real-shape-distribution").scroll_into_view_if_needed()
+    page.locator("h2#level-2-the-real-shape-distribution").evaluate("h => h.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
     page.screenshot(path=str(SCREENS / "softmax-level2.png"))
 
 
