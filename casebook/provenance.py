@@ -1,7 +1,12 @@
-"""What a result was measured from: sha256 of the case file and of the kernel module, byte for byte."""
+"""What a result was measured from: sha256 of the case file and of the kernel module, byte for byte.
+
+A kernel module that imports another kernel module (a shared GEMM core, say) is hashed together with
+it, so a change to the shared code marks every result that ran it as stale.
+"""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
 from pathlib import Path
@@ -23,5 +28,32 @@ def case_sha256(path: str | Path) -> str:
 
 
 def kernel_sha256(module: str, kernels_dir: Path | None = None) -> str:
-    """sha256 hex of the kernel module file's bytes."""
-    return hashlib.sha256(kernel_path(module, kernels_dir).read_bytes()).hexdigest()
+    """sha256 hex of the kernel module file's bytes, then those of the kernel modules it imports."""
+    path = kernel_path(module, kernels_dir)
+    source = path.read_bytes()
+    digest = hashlib.sha256(source)
+    for dep in sorted(kernel_imports(source) - {module}):
+        dep_path = path.parent / f"{dep}.py"
+        if dep_path.exists():
+            digest.update(b"\0" + dep.encode() + b"\0" + dep_path.read_bytes())
+    return digest.hexdigest()
+
+
+def kernel_imports(source: bytes) -> set[str]:
+    """Names of the `casebook.kernels` modules a module imports (read from its source, never run)."""
+    found: set[str] = set()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return found
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "casebook.kernels":
+                found |= {a.name for a in node.names}
+            elif node.module.startswith("casebook.kernels."):
+                found.add(node.module.split(".")[2])
+            elif node.level == 1 and node.module:  # from .gemm_common import ...
+                found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("casebook.kernels.")}
+    return found

@@ -154,7 +154,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         "case_id": case.id,
         "case_sha256": case_sha256(Path(path)),
         "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
-        "command": f"casebook run {Path(path).as_posix()}" + (" --quick" if quick else ""),
+        "command": f"casebook run {Path(path).as_posix()}" + (" --quick" if quick else "")
+                   + "".join(f" --variant {v}" for v in only or []),
         "started_at": started,
         "finished_at": _now(),
         "hardware": {**ident, "measured": ceilings},
@@ -217,6 +218,9 @@ def _end_to_end(case: Case, runs: dict, on_gpu: bool) -> dict:
                 "error": (base or {}).get("error", f"baseline {e.baseline} cannot be timed here")}
     share = base["kernel_us"] / base["scenario_us"]
     doc.update(baseline_us=base["scenario_us"], baseline_kernel_us=base["kernel_us"], kernel_share=share)
+    if share > 1.05:  # the kernel alone cannot take longer than the computation it is part of
+        return {**doc, "status": "failed",
+                "error": f"kernel share {share:.0%} of the scenario: timings disturbed (a loaded machine?); run again"}
     if not var or var.get("status") != "ok":
         return {**doc, "status": "partial",
                 "error": (var or {}).get("error", f"variant {e.variant} cannot be timed here")}
