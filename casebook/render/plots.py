@@ -82,7 +82,8 @@ def _tflops_fmt(y: float, _pos: int) -> str:
     return f"{y:.2g}" if y >= 0.001 else f"{y:.0e}"
 
 
-def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str, labels: bool = True) -> None:
+def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str, labels: bool = True,
+           avoid: list[float] = ()) -> None:
     """Bandwidth slope and one compute ceiling per distinct value, from x_lo to x_hi.
 
     Measured labels sit under their line and datasheet labels over theirs, so that they never collide
@@ -97,9 +98,13 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
         xs = [x_lo, min(ridge_hi, x_hi)]
         ax.plot(xs, [bw * x / 1e3 for x in xs], **style, zorder=2)
         if labels:
-            xm = x_lo * 1.5
+            # At the low end of the slope, or at its ridge end when the points crowd the low end (they are
+            # `avoid`, their intensities): the label spans about a decade and a half.
+            start, end = x_lo * 1.5, xs[1] / 6  # clear of the ceiling labels at the ridge
+            crowded = sum(start <= a <= start * 30 for a in avoid) > sum(end / 30 <= a <= end for a in avoid)
+            xm, ha = (end, "right") if crowded and end / start > 30 else (start, "left")
             ann = ax.annotate(f"{bw / 1e3:.3g} TB/s {label}", (xm, bw * xm / 1e3), xytext=(0, 3) if faint else (3, -3),
-                              ha="left", va="bottom" if faint else "top", rotation_mode="anchor", **text)
+                              ha=ha, va="bottom" if faint else "top", rotation_mode="anchor", **text)
             ann.casebook_slope = (xs[0], xs[0] * bw / 1e3, xs[1], xs[1] * bw / 1e3)
     for tf, dtypes in sorted(groups.items()):
         ridge = tf * 1e3 / bw if bw else x_lo
@@ -160,8 +165,8 @@ def roofline(data: dict) -> bytes:
     x_lo = min(ais + [ridge]) / 8
     x_hi = max(ais + [ridge]) * 8
     if datasheet:
-        _roofs(left, datasheet, x_lo, x_hi, faint=True, label="datasheet")
-    _roofs(left, measured, x_lo, x_hi, faint=False, label="measured")
+        _roofs(left, datasheet, x_lo, x_hi, faint=True, label="datasheet", avoid=ais)
+    _roofs(left, measured, x_lo, x_hi, faint=False, label="measured", avoid=ais)
 
     ticks = {}
     for p in points:
@@ -170,8 +175,10 @@ def roofline(data: dict) -> bytes:
     for (ai, ceil), shapes in ticks.items():
         left.plot([ai / 1.22, ai * 1.22], [ceil, ceil], color="#d1495b", lw=2.2, solid_capstyle="butt", zorder=3)
         label = next(iter(shapes)) if len(shapes) == 1 else f"{len(shapes)} shapes"
-        left.annotate(label, (ai * 1.25, ceil), xytext=(2, 0), textcoords="offset points", fontsize=6.5,
-                      color="#d1495b", va="center")
+        # Above the tick: the region over the roof is empty by construction, so the label hides no point.
+        left.annotate(label, (ai, ceil), xytext=(-3, 5), textcoords="offset points", fontsize=6.5, color="#d1495b",
+                      ha="right", va="bottom", bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.85),
+                      zorder=5)
     ys = [p["tflops"] for p in points if p.get("ai") and p.get("tflops")]
     for (variant, dtype), group in _groups(points, lambda p: p.get("ai") and p.get("tflops")).items():
         left.scatter([p["ai"] for p in group], [p["tflops"] for p in group], s=30, color=colors.get(variant, INK),
@@ -293,8 +300,8 @@ def atlas(data: dict) -> bytes:
     fig = Figure(figsize=(10.5, 5.2))
     ax = fig.subplots()
     if datasheet:
-        _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet")
-    _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured")
+        _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet", avoid=ais)
+    _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured", avoid=ais)
     cases = list(dict.fromkeys(p["case"] for p in points))
     many = len(cases) > len(PALETTE)
     for i, case in enumerate(cases):
