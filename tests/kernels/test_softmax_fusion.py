@@ -1,0 +1,145 @@
+"""softmax_fusion: every CPU-checkable variant against the float64 softmax at awkward shapes (Triton through
+the interpreter), through casebook.check as `casebook run` checks them; the three paths of triton_online;
+the traffic model.
+
+Shapes: rows 1, 37, 199 and columns 1, 760, 1128, 65537 (one element, under and over a power of two, a
+vocabulary-sized row one past 64K), each row count and each column count in every dtype for every variant.
+The interpreter runs one Python step per program and tile, so the Triton variants get a covering subset
+rather than the whole grid (199 x 65537 alone takes ~15 s per dtype there).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
+
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from casebook.check import TOLERANCE, TORCH_DTYPES, check
+from casebook.kernels import softmax_fusion as mod
+
+REPO = Path(__file__).resolve().parents[2]
+CASE = yaml.safe_load((REPO / "cases" / "softmax_fusion.yaml").read_text())
+ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+DTYPES = ["fp32", "bf16", "fp16"]
+
+# The interpreter computes -inf - -inf in masked lanes (the kernels mask the result): numpy warns.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+
+ROWS, COLS = (1, 37, 199), (1, 760, 1128, 65537)
+SHAPES = {
+    "eager": [(r, c) for r in ROWS for c in COLS if (r, c) != (199, 65537)],
+    "torch_softmax": [(r, c) for r in ROWS for c in COLS if (r, c) != (199, 65537)],
+    "triton_onepass": [(1, 1), (37, 1128), (199, 760)],  # 65537: refused, below
+    "triton_online": [(1, 1), (37, 760), (199, 1128),  # one pass
+                      (1, 65537),  # split rows: fewer than 2 x SMs rows
+                      (37, 65537)],  # persistent online row kernel
+}
+CASES = [(fn, r, c, d) for fn in SHAPES for (r, c) in SHAPES[fn] for d in DTYPES]
+
+
+def seeds(*key) -> list[int]:
+    """Two fresh seeds per test, different for every test."""
+    s = zlib.crc32(repr(key).encode())
+    return [s, s + 1]
+
+
+def run_check(fn: str, rows: int, cols: int, dtype: str, seed_list: list[int] | None = None):
+    return check(getattr(mod, fn), mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cpu",
+                 seed_list or seeds(fn, rows, cols, dtype))
+
+
+def test_every_cpu_variant_is_covered():
+    assert sorted(ON_CPU) == sorted(SHAPES)
+    for fn, shapes in SHAPES.items():
+        refused = [c for c in COLS if c > mod.MAX_ONEPASS] if fn == "triton_onepass" else []
+        assert {r for r, _ in shapes} == set(ROWS), fn
+        assert {c for _, c in shapes} | set(refused) == set(COLS), fn
+
+
+@pytest.mark.parametrize("fn, rows, cols, dtype", CASES, ids=[f"{f}-{r}x{c}-{d}" for f, r, c, d in CASES])
+def test_variant_matches_reference(fn, rows, cols, dtype):
+    c = run_check(fn, rows, cols, dtype)
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("cols", [mod.MAX_ONEPASS + 1, 65537])
+def test_onepass_refuses_rows_it_cannot_hold(cols):
+    with pytest.raises(NotImplementedError, match=f"at most {mod.MAX_ONEPASS} columns on chip; got {cols}"):
+        run_check("triton_onepass", 1, cols, "bf16")
+
+
+def test_onepass_holds_the_longest_row():
+    assert run_check("triton_onepass", 3, mod.MAX_ONEPASS, "fp16").correct
+
+
+def test_one_column_is_all_ones():
+    x = mod.make_inputs({"rows": 5, "cols": 1}, torch.bfloat16, "cpu", torch.Generator().manual_seed(0))["x"]
+    for fn in ON_CPU:
+        assert torch.equal(getattr(mod, fn)(x), torch.ones_like(x)), fn
+
+
+# --- the three paths of triton_online ---------------------------------------------------------------
+
+
+class Spy:
+    """Stands in for a @triton.jit kernel: records `kernel[grid]` launches, then launches the real one."""
+
+    def __init__(self, name: str, kernel, launches: list):
+        self.name, self.kernel, self.launches = name, kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append((self.name, grid))
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list:
+    seen: list = []
+    for name in ("_onepass_kernel", "_online_row_kernel", "_chunk_stats_kernel", "_chunk_normalize_kernel"):
+        monkeypatch.setattr(mod, name, Spy(name, getattr(mod, name), seen))
+    return seen
+
+
+SMS = mod._sm_count(torch.device("cpu"))
+LONG = mod.MAX_ONEPASS + 1
+
+
+@pytest.mark.skipif(not mod.INTERPRETED, reason="the interpreter launches untuned kernels; compiled, the autotuners do")
+@pytest.mark.parametrize("rows, cols, expected", [
+    (37, mod.MAX_ONEPASS, [("_onepass_kernel", (19,))]),  # the row fits: one pass, 2 rows per program
+    (2 * SMS, LONG, [("_online_row_kernel", (SMS,))]),  # enough rows for every SM: persistent row kernel
+    (2 * SMS - 1, LONG, [("_chunk_stats_kernel", (2 * SMS - 1, 3)),  # too few: split each row in 3 chunks
+                         ("_chunk_normalize_kernel", (2 * SMS - 1, 3))]),
+], ids=["one-pass", "persistent", "split"])
+def test_online_path(launches, rows, cols, expected):
+    assert SMS == 4, "the interpreter pretends to have 4 SMs"
+    c = run_check("triton_online", rows, cols, "bf16", seed_list=[rows])
+    assert c.correct, c.error
+    assert launches == expected
+
+
+# --- the traffic model ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_traffic_is_one_read_and_one_write(dtype):
+    shape = {"rows": 37, "cols": 1128}
+    n, b = 37 * 1128, torch.empty((), dtype=TORCH_DTYPES[dtype]).element_size()
+    t = mod.traffic(shape, TORCH_DTYPES[dtype])
+    moving = [(term.name, term.bytes) for term in t.terms if term.bytes]
+    assert moving == [("read x", n * b), ("write y", n * b)]
+    assert t.bytes == 2 * n * b
+    assert t.flops == 5 * n  # max, subtract, exp, sum, scale: five per element
+
+
+def test_traffic_matches_the_case_arithmetic_intensity():
+    t = mod.traffic({"rows": 32768, "cols": 4096}, torch.bfloat16)
+    assert t.flops / t.bytes == pytest.approx(CASE["bottleneck"]["arithmetic_intensity"])

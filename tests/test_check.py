@@ -1,0 +1,147 @@
+"""casebook.check: every way a kernel can be wrong or cheat is caught, in process, before any timing.
+
+The broken kernels live in tests/fixtures/kernels/cheats.py; each test loads a fresh copy (the caching
+cheats keep state). The same kernels go through a child process in test_measure.py and through the whole
+`casebook run` in test_run.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from casebook import schema
+from casebook.check import TOLERANCE, TORCH_DTYPES, CheckFailed, check, upcast
+
+CHEATS = Path(__file__).parent / "fixtures" / "kernels" / "cheats.py"
+SHAPE = {"rows": 64, "cols": 1000}
+
+
+@pytest.fixture
+def cheats():
+    """A fresh copy of the cheats module."""
+    spec = importlib.util.spec_from_file_location("cheats_under_test", CHEATS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_check(mod, fn: str, dtype: str = "fp32", shape: dict = SHAPE, seeds=(11, 12), **kw):
+    return check(getattr(mod, fn), mod.reference, mod.make_inputs, shape, dtype, "cpu", list(seeds), **kw)
+
+
+def test_every_schema_dtype_has_a_tolerance():
+    dtypes = set(typing.get_args(schema.Dtype))
+    assert set(TOLERANCE) == dtypes
+    assert dtypes - set(TORCH_DTYPES) <= {"fp8_e4m3", "fp8_e5m2"}  # only where this torch lacks fp8
+
+
+def test_upcast_touches_only_float_tensors():
+    x, i = torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.int32)
+    up = upcast({"x": x, "i": i, "n": 3})
+    assert up["x"].dtype == torch.float64 and up["i"] is i and up["n"] == 3
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_honest_kernel_passes(cheats, dtype):
+    c = run_check(cheats, "honest", dtype)
+    assert c.correct and c.error is None and c.seeds == [11, 12]
+    assert 0 < c.max_rel_err <= TOLERANCE[dtype]
+
+
+# (cheat, dtype, what the error must say)
+CAUGHT = [
+    ("writes_nothing", "fp32", "NaN or Inf"),
+    ("writes_nothing", "bf16", "NaN or Inf"),
+    ("writes_part", "fp32", "1 of 64000 output elements are NaN or Inf"),
+    ("writes_part", "bf16", "1 of 64000 output elements are NaN or Inf"),
+    ("mutates_input", "fp32", "input 'x' was modified"),
+    ("in_place", "bf16", "input 'x' was modified"),
+    ("returns_input", "fp32", "output aliases input 'x'"),
+    ("returns_nan", "fp16", "1 of 64000 output elements are NaN or Inf"),
+    ("returns_subclass", "fp32", "returned Lazy, not a plain torch.Tensor"),
+    ("returns_list", "fp32", "returned list, not a plain torch.Tensor"),
+    ("wrong_dtype", "bf16", "output dtype torch.float32, expected torch.bfloat16"),
+    ("wrong_dtype", "fp16", "output dtype torch.float32, expected torch.float16"),
+    ("wrong_shape", "fp32", "output shape (64, 1), expected (64, 1000)"),
+    ("low_precision", "fp32", "relative error"),
+    ("cached", "fp32", "seed 12: relative error"),
+    ("cached", "bf16", "seed 12: relative error"),
+]
+
+
+@pytest.mark.parametrize("fn, dtype, words", CAUGHT, ids=[f"{f}-{d}" for f, d, _ in CAUGHT])
+def test_cheat_is_caught(cheats, fn, dtype, words):
+    c = run_check(cheats, fn, dtype)
+    assert not c.correct
+    assert words in c.error, c.error
+
+
+def test_first_failing_seed_is_named(cheats):
+    c = run_check(cheats, "cached", seeds=(5, 6, 7))
+    assert c.error.startswith("seed 6: ") and c.seeds == [5, 6, 7]
+    assert c.max_rel_err > TOLERANCE["fp32"], "max_rel_err is the worst error seen, the failing one included"
+
+
+def test_cache_filled_during_the_check_is_invisible_to_one_check(cheats):
+    """Why measure re-checks after timing: this cheat passes the first check's two calls."""
+    assert run_check(cheats, "cached_after_check").correct
+    later = run_check(cheats, "cached_after_check", seeds=(13,))
+    assert not later.correct and "seed 13: relative error" in later.error
+
+
+def test_partial_write_is_caught_when_the_output_is_large(cheats):
+    """Over 32 MiB the C allocator gives freshly mapped (zeroed) pages, never the freed poison block; one
+    unwritten element of 17M is then far under the bf16 tolerance. Unwritten memory must show anyway."""
+    c = run_check(cheats, "writes_part", "bf16", shape={"rows": 4096, "cols": 4100}, seeds=(1,))
+    assert not c.correct and "1 of 16793600 output elements are NaN or Inf" in c.error, c.error
+
+
+def test_checking_leaves_torch_as_it_was(cheats):
+    """The NaN fill is for the checked call only: never while timing, never after."""
+    run_check(cheats, "writes_part", seeds=(1,))
+    assert not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        assert not run_check(cheats, "writes_part", seeds=(1,)).correct
+        assert torch.are_deterministic_algorithms_enabled(), "a caller's own setting is kept"
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_nan_fails_whatever_the_tolerance(cheats):
+    c = run_check(cheats, "returns_nan", tolerance=0.99)
+    assert not c.correct and "NaN or Inf" in c.error
+
+
+def test_tolerance_override(cheats):
+    assert run_check(cheats, "low_precision", "fp32", tolerance=3e-2).correct
+    assert not run_check(cheats, "honest", "bf16", tolerance=1e-9).correct
+
+
+def test_unsupported_shape_propagates(cheats):
+    with pytest.raises(NotImplementedError):
+        run_check(cheats, "unsupported")
+
+
+def test_a_raising_kernel_raises(cheats):
+    """Exceptions other than CheckFailed propagate: the child records them as crashed."""
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run_check(cheats, "raises")
+    assert issubclass(CheckFailed, AssertionError)
+
+
+def test_inputs_are_fresh_per_seed(cheats):
+    seen = []
+
+    def make_inputs(shape, dtype, device, generator):
+        x = cheats.make_inputs(shape, dtype, device, generator)
+        seen.append(x["x"].clone())
+        return x
+
+    assert check(cheats.honest, cheats.reference, make_inputs, SHAPE, "fp32", "cpu", [1, 2, 1]).correct
+    assert not torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])

@@ -1,0 +1,156 @@
+"""casebook.claims: each kind of claim held, failed and not applicable, against synthetic points."""
+
+from __future__ import annotations
+
+import pytest
+
+from casebook.claims import evaluate
+from casebook.load import load_case
+from casebook.schema import Case
+
+from conftest import SOFTMAX
+
+SLUG = "nvidia-h200"
+SMALL, LARGE = {"rows": 32768, "cols": 1024}, {"rows": 4096, "cols": 65536}
+
+
+def pt(variant: str, shape: dict, median_us: float, dtype: str = "bf16", status: str = "ok", **kw) -> dict:
+    fields = dict(regime="bandwidth", roof_fraction=0.9, gbps=4000.0, tflops=5.0)
+    return {"variant": variant, "shape": shape, "dtype": dtype, "status": status, "median_us": median_us,
+            **fields, **kw}
+
+
+def case_with(*claims: dict) -> Case:
+    """The softmax case with its claims replaced."""
+    base = load_case(SOFTMAX).model_dump()
+    return Case.model_validate({**base, "claims": list(claims)}, strict=False)
+
+
+def outcome(claim: dict, kernel=(), workload=None, e2e=None, slug=SLUG) -> dict:
+    [o] = evaluate(case_with({"text": "t", **claim}), slug, list(kernel), workload or {"points": []}, e2e or {})
+    assert o["text"] == "t" and o["kind"] == claim["kind"]
+    return o
+
+
+# --- not applicable -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("claim", [
+    {"kind": "regime", "variant": "triton_online", "regime": "bandwidth"},
+    {"kind": "roof_fraction", "variant": "triton_online", "at_least": 0.8},
+    {"kind": "throughput", "variant": "triton_online", "at_least_gbps": 1000},
+    {"kind": "speedup", "variant": "triton_online", "over": "eager", "at_least": 2, "level": "kernel"},
+])
+def test_claim_for_other_hardware_is_not_applicable(claim):
+    o = outcome({**claim, "hardware": ["nvidia-h100"]}, [pt("triton_online", SMALL, 10)])
+    assert o["held"] is None and o["detail"] == f"not applicable on {SLUG} (claimed for nvidia-h100)"
+
+
+def test_claim_without_hardware_applies_everywhere():
+    o = outcome({"kind": "regime", "variant": "triton_online", "regime": "bandwidth"},
+                [pt("triton_online", SMALL, 10)], slug="cpu-some-thing")
+    assert o["held"] is True
+
+
+# --- regime, roof fraction, throughput -----------------------------------------------------------------
+
+
+def test_regime():
+    claim = {"kind": "regime", "variant": "triton_online", "regime": "bandwidth", "hardware": [SLUG]}
+    held = outcome(claim, [pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 10), pt("eager", SMALL, 10, regime="launch")])
+    assert held["held"] is True and held["detail"] == "bandwidth at all 2 points"
+    failed = outcome(claim, [pt("triton_online", SMALL, 10, regime="launch"), pt("triton_online", LARGE, 10)])
+    assert failed["held"] is False and failed["detail"] == "32768x1024 bf16 is launch"
+
+
+def test_roof_fraction():
+    claim = {"kind": "roof_fraction", "variant": "triton_online", "at_least": 0.8}
+    points = [pt("triton_online", SMALL, 10, roof_fraction=0.85), pt("triton_online", LARGE, 10, roof_fraction=0.95)]
+    held = outcome(claim, points)
+    assert held["held"] is True and held["detail"] == "lowest 85.0% of roof at 32768x1024 bf16 (need 80%)"
+    assert outcome({**claim, "at_least": 0.9}, points)["held"] is False
+
+
+def test_throughput_in_gbps_and_tflops():
+    points = [pt("triton_online", SMALL, 10, gbps=3900.0, tflops=2.0), pt("triton_online", LARGE, 10, gbps=4100.0, tflops=3.0)]
+    gbps = {"kind": "throughput", "variant": "triton_online", "at_least_gbps": 3800}
+    assert outcome(gbps, points)["held"] is True
+    low = outcome({**gbps, "at_least_gbps": 4000}, points)
+    assert low["held"] is False and low["detail"] == "lowest 3900 GB/s at 32768x1024 bf16 (need 4000)"
+    tflops = {"kind": "throughput", "variant": "triton_online", "at_least_tflops": 2.5}
+    assert outcome(tflops, points)["held"] is False
+    assert outcome({**tflops, "at_least_tflops": 2.0}, points)["held"] is True
+
+
+def test_where_selects_dtypes_and_shapes():
+    claim = {"kind": "throughput", "variant": "triton_online", "at_least_gbps": 3800,
+             "where": {"dtypes": ["bf16"], "shapes": [LARGE]}}
+    points = [pt("triton_online", SMALL, 10, gbps=100.0), pt("triton_online", LARGE, 10, "fp32", gbps=100.0),
+              pt("triton_online", LARGE, 10, gbps=4000.0)]
+    assert outcome(claim, points)["held"] is True
+
+
+def test_point_claim_with_nothing_to_judge_fails():
+    claim = {"kind": "regime", "variant": "triton_online", "regime": "bandwidth", "where": {"dtypes": ["fp32"]}}
+    o = outcome(claim, [pt("triton_online", SMALL, 10)])
+    assert o["held"] is False and o["detail"] == "no level-1 point matches this claim"
+
+
+@pytest.mark.parametrize("status", ["failed", "crashed", "timeout", "checked", "skipped"])
+def test_point_claim_on_an_unmeasured_point_fails(status):
+    claim = {"kind": "roof_fraction", "variant": "triton_online", "at_least": 0.1}
+    o = outcome(claim, [pt("triton_online", SMALL, 10), pt("triton_online", LARGE, None, status=status)])
+    assert o["held"] is False and o["detail"] == f"not measured at 4096x65536 bf16: {status}"
+
+
+# --- speedup: kernel, workload, end to end ---------------------------------------------------------------
+
+
+def test_kernel_speedup_holds_at_every_point():
+    claim = {"kind": "speedup", "variant": "triton_online", "over": "eager", "at_least": 2.0, "level": "kernel"}
+    points = [pt("eager", SMALL, 30), pt("eager", LARGE, 50), pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 20)]
+    held = outcome(claim, points)
+    assert held["held"] is True and held["detail"] == "worst 2.50x at 4096x65536 bf16 over 2 points (need 2x)"
+    assert outcome({**claim, "at_least": 2.6}, points)["held"] is False
+
+
+def test_kernel_speedup_needs_both_sides_measured():
+    claim = {"kind": "speedup", "variant": "triton_online", "over": "eager", "at_least": 1.0, "level": "kernel"}
+    o = outcome(claim, [pt("eager", SMALL, None, status="crashed"), pt("triton_online", SMALL, 10)])
+    assert o["held"] is False and o["detail"] == "not measured at 32768x1024 bf16"
+    o = outcome(claim, [pt("triton_online", SMALL, 10)])
+    assert o["held"] is False and "not measured" in o["detail"]
+    o = outcome(claim, [pt("eager", SMALL, 10)])
+    assert o["held"] is False and o["detail"] == "no kernel point matches this claim"
+
+
+def test_workload_speedup_geomean_and_worst():
+    workload = {"points": [pt("torch_softmax", SMALL, 10, weight=3.0), pt("torch_softmax", LARGE, 10, weight=1.0),
+                           pt("triton_online", SMALL, 5, weight=3.0), pt("triton_online", LARGE, 20, weight=1.0)]}
+    geomean = {"kind": "speedup", "variant": "triton_online", "over": "torch_softmax", "at_least": 1.5,
+               "level": "workload", "statistic": "geomean"}
+    o = outcome(geomean, workload=workload)  # 2x at weight 3, 0.5x at weight 1: 2^(2/4) = 1.41
+    assert o["held"] is False and o["detail"] == "weighted geomean 1.41x over 2 shapes (need 1.5x)"
+    assert outcome({**geomean, "at_least": 1.4}, workload=workload)["held"] is True
+    worst = {**geomean, "statistic": "worst", "at_least": 1.0}
+    o = outcome(worst, workload=workload)
+    assert o["held"] is False and o["detail"].startswith("worst 0.50x at 4096x65536 bf16")
+
+
+def test_end_to_end_speedup():
+    claim = {"kind": "speedup", "variant": "triton_online", "over": "torch_softmax", "at_least": 1.1, "level": "end_to_end"}
+    e2e = {"status": "ok", "variant": "triton_online", "baseline": "torch_softmax", "measured_speedup": 1.15}
+    o = outcome(claim, e2e=e2e)
+    assert o["held"] is True and o["detail"] == "1.15x end to end (need 1.1x)"
+    assert outcome({**claim, "at_least": 1.2}, e2e=e2e)["held"] is False
+    other = outcome({**claim, "variant": "triton_onepass"}, e2e=e2e)
+    assert other["held"] is False and other["detail"] == "the scenario compares triton_online with torch_softmax"
+    missing = outcome(claim, e2e={"status": "partial", "error": "variant triton_online cannot be timed here"})
+    assert missing["held"] is False and missing["detail"] == "end-to-end not measured: variant triton_online cannot be timed here"
+
+
+def test_every_claim_is_evaluated_in_order():
+    case = load_case(SOFTMAX)
+    out = evaluate(case, "cpu-x", [], {"points": []}, {})
+    assert [o["text"] for o in out] == [c.text for c in case.claims]
+    assert all(o["held"] is None for o in out)  # the real case's claims are all for an H200

@@ -1,0 +1,97 @@
+"""casebook.isolate: a crash, a hang or an exception in one task is recorded, and the remaining tasks run.
+
+The workers here import nothing heavy, so each child starts in a fraction of a second. (They are pickled
+by name: the child imports this module, found through the sys.path the parent passes to spawned children.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from casebook.isolate import run_isolated
+
+
+def worker(task: str) -> dict:
+    """Do what the task says; answer with the child's pid so that tests can tell children apart."""
+    if task == "abort":
+        os.abort()
+    elif task == "exit":
+        os._exit(3)
+    elif task == "segfault":
+        ctypes.string_at(0)
+    elif task == "hang":
+        time.sleep(10**6)
+    elif task == "raise":
+        raise ValueError("bad shape")
+    elif task == "env":
+        return {"status": "ok", "pid": os.getpid(), "value": os.environ.get("CASEBOOK_TEST_ENV")}
+    return {"status": "ok", "pid": os.getpid(), "task": task}
+
+
+def test_tasks_run_in_order_in_one_child():
+    out = run_isolated(worker, ["a", "b", "c"], timeout_s=30)
+    assert [p["task"] for p in out] == ["a", "b", "c"]
+    assert len({p["pid"] for p in out}) == 1 and out[0]["pid"] != os.getpid()
+
+
+def test_no_tasks():
+    assert run_isolated(worker, [], timeout_s=1) == []
+
+
+def test_crash_mid_list_goes_on_with_the_next_task():
+    tasks = ["a", "abort", "b", "exit", "c", "segfault", "d"]
+    out = run_isolated(worker, tasks, timeout_s=30)
+    assert [p["status"] for p in out] == ["ok", "crashed", "ok", "crashed", "ok", "crashed", "ok"]
+    assert [out[i]["task"] for i in (0, 2, 4, 6)] == ["a", "b", "c", "d"]
+    assert "child process died (exit code -6)" in out[1]["error"]  # SIGABRT
+    assert "child process died (exit code 3)" in out[3]["error"]
+    assert "child process died (exit code -11)" in out[5]["error"]  # SIGSEGV
+    assert len({out[i]["pid"] for i in (0, 2, 4, 6)}) == 4, "a fresh child after each crash"
+
+
+def test_hang_times_out_and_the_rest_goes_on():
+    start = time.monotonic()
+    out = run_isolated(worker, ["a", "hang", "b"], timeout_s=1.5)
+    elapsed = time.monotonic() - start
+    assert [p["status"] for p in out] == ["ok", "timeout", "ok"]
+    assert out[1]["error"] == "no answer within 2 s: killed"
+    assert out[2]["task"] == "b" and out[2]["pid"] != out[0]["pid"]
+    assert elapsed < 15, f"the hang held the run for {elapsed:.1f} s"
+
+
+def test_a_hang_as_the_last_task():
+    out = run_isolated(worker, ["a", "hang"], timeout_s=1)
+    assert [p["status"] for p in out] == ["ok", "timeout"]
+
+
+def test_exception_is_recorded_and_the_same_child_goes_on():
+    out = run_isolated(worker, ["raise", "a"], timeout_s=30)
+    assert out[0]["status"] == "crashed"
+    assert out[0]["error"] == "ValueError: bad shape"
+    assert "Traceback" in out[0]["traceback"] and "bad shape" in out[0]["traceback"]
+    assert out[1] == {"status": "ok", "pid": out[1]["pid"], "task": "a"}
+
+
+def test_on_done_reports_every_task_once_in_order():
+    seen = []
+    run_isolated(worker, ["a", "exit", "hang", "b"], timeout_s=1, on_done=lambda i, p: seen.append((i, p["status"])))
+    assert seen == [(0, "ok"), (1, "crashed"), (2, "timeout"), (3, "ok")]
+
+
+def test_environment_reaches_the_child():
+    [p] = run_isolated(worker, ["env"], timeout_s=30, env={"CASEBOOK_TEST_ENV": "set"})
+    assert p["value"] == "set"
+    assert "CASEBOOK_TEST_ENV" not in os.environ
+
+
+def test_startup_limit():
+    """A child that does not start its first task within `startup_s` is killed; the task is timed out."""
+    [p] = run_isolated(worker, ["a"], timeout_s=30, startup_s=0.01)
+    assert p["status"] == "timeout" and p["error"] == "no answer within 0 s: killed"
+
+
+def test_every_task_crashing():
+    out = run_isolated(worker, ["exit", "exit", "exit"], timeout_s=30)
+    assert [p["status"] for p in out] == ["crashed"] * 3

@@ -1,0 +1,107 @@
+"""casebook.measure: the work one child does (check, time, re-check, place), run the real way, in a child.
+
+All the wrong-answer cheats of tests/fixtures/kernels/cheats.py share one child process (each child imports
+torch: seconds); crashes and hangs are in test_isolate.py (bare) and test_run.py (through `casebook run`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from casebook.bench import Protocol
+from casebook.check import TOLERANCE
+from casebook.isolate import run_isolated
+from casebook.measure import Task, work
+
+CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+SHAPE = {"rows": 64, "cols": 1000}
+SEED = 100
+FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05))
+ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+"""1 TB/s: the honest kernel (512 KB at this shape, tens of us on a CPU) sits far under the roof."""
+
+
+def task(fn: str, dtype: str = "fp32", **kw) -> Task:
+    fields = dict(kind="point", module="cheats", variant=fn, fn=fn, shape=SHAPE, dtype=dtype, level="kernel",
+                  device="cpu", timed=True, seed=SEED, protocol=FAST, roofs=ROOFS, inputs="make_inputs")
+    return Task(**{**fields, **kw})
+
+
+# (task, status, words in the error)
+EXPECTED = [
+    (task("honest"), "ok", None),
+    (task("writes_nothing"), "failed", "output elements are NaN or Inf"),
+    (task("writes_part", "bf16"), "failed", "1 of 64000 output elements are NaN or Inf"),
+    (task("mutates_input"), "failed", "input 'x' was modified"),
+    (task("returns_nan"), "failed", "1 of 64000 output elements are NaN or Inf"),
+    (task("returns_subclass"), "failed", "returned Lazy, not a plain torch.Tensor"),
+    (task("wrong_dtype", "bf16"), "failed", "output dtype torch.float32, expected torch.bfloat16"),
+    (task("low_precision"), "failed", "relative error"),
+    (task("cached"), "failed", f"seed {SEED + 1}: relative error"),
+    (task("cached_after_check"), "failed", f"after timing: seed {SEED + 3}: relative error"),
+    (replace(task("honest"), variant="byte_model_too_large", traffic="traffic_inflated"), "failed",
+     "faster than physics"),
+    (task("unsupported"), "skipped", "unsupported: no shape is supported"),
+    (task("raises"), "crashed", "RuntimeError: CUDA error: an illegal memory access"),
+    (replace(task("writes_part"), variant="interpreted", timed=False), "failed", "NaN or Inf"),
+    (replace(task("honest"), variant="interpreted", timed=False), "checked", None),
+    (task("honest", "bf16"), "ok", None),  # after the exception, in the same child
+]
+
+
+@pytest.fixture(scope="module")
+def payloads() -> list[dict]:
+    tasks = [t for t, _, _ in EXPECTED]
+    tasks.append(Task(kind="end_to_end", module="cheats", variant="honest", fn="honest", shape={"rows": 8, "cols": 50},
+                      dtype="fp32", level="end_to_end", device="cpu", timed=True, seed=SEED, protocol=FAST,
+                      scenario="scenario", scenario_inputs="scenario_inputs"))
+    return run_isolated(work, tasks, timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
+
+
+@pytest.mark.parametrize("i", range(len(EXPECTED)), ids=[f"{t.variant}-{t.dtype}" for t, _, _ in EXPECTED])
+def test_outcome(payloads, i):
+    t, status, words = EXPECTED[i]
+    p = payloads[i]
+    assert p["status"] == status, p
+    if words:
+        assert words in p["error"], p["error"]
+    if status == "failed":
+        assert p["correct"] is False or "faster than physics" in p["error"]
+        assert "median_us" not in p or "faster than physics" in p["error"]
+
+
+def test_ok_point_is_placed_on_the_roofline(payloads):
+    p = payloads[0]
+    assert p["correct"] is True and p["max_rel_err"] <= TOLERANCE["fp32"]
+    assert p["timer"] == "time.perf_counter_ns" and p["launches"] == {"direct": 1, "graph": 0}
+    assert p["p10_us"] <= p["median_us"] <= p["p90_us"] and 5 <= p["repetitions"] <= 20
+    assert p["bytes"] == 2 * 64 * 1000 * 4 and p["flops"] == 5 * 64 * 1000
+    assert [t["name"] for t in p["traffic_terms"]] == ["read x", "write y", "softmax"]
+    assert p["gbps"] == pytest.approx(p["bytes"] / p["median_us"] / 1e3)
+    assert p["tflops"] == pytest.approx(p["flops"] / p["median_us"] / 1e6)
+    assert p["arithmetic_intensity"] == pytest.approx(5 / 8)
+    assert p["regime"] == "bandwidth" and p["floor_us"] == pytest.approx(p["bytes"] / 1e12 * 1e6)
+    assert p["roof_fraction"] == pytest.approx(p["floor_us"] / p["median_us"])
+    assert p["bandwidth_roof_gbps"] == 1000.0 and p["compute_roof_tflops"] == 1000.0
+    assert p["first_call_s"] > 0
+
+
+def test_checked_point_is_not_timed(payloads):
+    p = payloads[len(EXPECTED) - 2]
+    assert p["correct"] is True and "median_us" not in p
+
+
+def test_physics_gate_keeps_the_measurement(payloads):
+    """A point refused by the gate still says what was measured, so that the byte model can be fixed."""
+    p = payloads[10]
+    assert p["median_us"] > 0 and p["bytes"] == 2 * 64 * 1000 * 4 * 1e6
+
+
+def test_end_to_end(payloads):
+    p = payloads[-1]
+    assert p["status"] == "ok", p
+    assert p["scenario_us"] > 0 and p["kernel_us"] > 0 and p["scenario_p10_us"] <= p["scenario_p90_us"]
+    assert len(p["fingerprint"]) == 8 * 50 and p["fingerprint"][49] == pytest.approx(1.0)  # cumsum of a row of probabilities

@@ -1,0 +1,121 @@
+"""casebook.results: atomic, validated saving; versioned loading (newer refused, older migrated); staleness."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from casebook import results
+from casebook.results import ResultError, is_stale, load, result_path, save
+from casebook.schema import RESULT_SCHEMA_VERSION, Result
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
+
+
+@pytest.fixture
+def doc() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def leftovers(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and p.suffix != ".json"]
+
+
+def test_save_writes_where_load_reads(doc, tmp_path):
+    path = save(doc, tmp_path)
+    assert path == result_path(tmp_path, "cpu-x86-64-2c", "softmax_fusion") == tmp_path / "cpu-x86-64-2c" / "softmax_fusion.json"
+    assert json.loads(path.read_text()) == doc
+    assert load(path) == Result.model_validate(doc)
+    assert leftovers(tmp_path) == [], "no temporary file is left behind"
+    assert [p for p, _ in results.all_results(tmp_path)] == [path]
+
+
+def test_save_refuses_an_invalid_result_and_keeps_the_old_one(doc, tmp_path):
+    path = save(doc, tmp_path)
+    before = path.read_bytes()
+    bad = copy.deepcopy(doc)
+    del bad["claims"]
+    with pytest.raises(ValidationError):
+        save(bad, tmp_path)
+    bad = copy.deepcopy(doc)
+    bad["kernel_level"][0]["status"] = "fine"
+    with pytest.raises(ValidationError):
+        save(bad, tmp_path)
+    assert path.read_bytes() == before and leftovers(tmp_path) == []
+
+
+def test_a_failure_while_writing_keeps_the_old_file(doc, tmp_path):
+    """NaN passes the model but not strict JSON: the write fails half-way, and the temp file goes."""
+    path = save(doc, tmp_path)
+    before = path.read_bytes()
+    bad = copy.deepcopy(doc)
+    bad["kernel_level"][0]["median_us"] = float("nan")
+    with pytest.raises(ValueError, match="Out of range float"):
+        save(bad, tmp_path)
+    assert path.read_bytes() == before and leftovers(tmp_path) == []
+
+
+def test_save_replaces_the_old_result(doc, tmp_path):
+    save(doc, tmp_path)
+    doc["finished_at"] = "2030-01-01T00:00:00+00:00"
+    path = save(doc, tmp_path)
+    assert load(path).finished_at == "2030-01-01T00:00:00+00:00"
+
+
+def write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_newer_schema_version_is_refused(doc, tmp_path):
+    doc["schema_version"] = RESULT_SCHEMA_VERSION + 1
+    with pytest.raises(ResultError, match=f"schema_version: {RESULT_SCHEMA_VERSION + 1} is newer than this casebook"):
+        load(write(tmp_path, doc))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "unreadable result"),
+    ('{"case_id": "x"}', "schema_version: missing"),
+    ('{"schema_version": "1"}', "schema_version: missing"),
+])
+def test_unreadable_results_are_refused(tmp_path, text, words):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    with pytest.raises(ResultError, match=words):
+        load(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ResultError, match="unreadable"):
+        load(tmp_path / "absent.json")
+
+
+def test_older_version_is_migrated_in_memory(doc, tmp_path, monkeypatch):
+    """With the format at version 2, a version-1 file loads through the 1 -> 2 migration; the file is untouched."""
+    monkeypatch.setattr(results, "RESULT_SCHEMA_VERSION", 2)
+    monkeypatch.setitem(results.MIGRATIONS, 1, lambda d: {**d, "schema_version": 2, "migrated": True})
+    path = write(tmp_path, doc)
+    before = path.read_text()
+    r = load(path)
+    assert r.schema_version == 2 and r.model_extra["migrated"] is True
+    assert path.read_text() == before
+
+
+def test_stale(doc, tmp_path):
+    """Stale: the case file or the kernel module is not, byte for byte, what was measured."""
+    from casebook.provenance import case_sha256, kernel_sha256
+
+    from conftest import SOFTMAX
+
+    current = (case_sha256(SOFTMAX), kernel_sha256("softmax_fusion"))
+    r = Result.model_validate({**doc, "case_sha256": current[0], "kernel_sha256": current[1]})
+    assert not is_stale(r, *current)
+    edited = tmp_path / "softmax_fusion.yaml"
+    edited.write_bytes(SOFTMAX.read_bytes() + b"\n")
+    assert is_stale(r, case_sha256(edited), current[1]), "the case file changed"
+    assert is_stale(r, current[0], "0" * 64), "the kernel module changed"

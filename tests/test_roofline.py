@@ -1,0 +1,105 @@
+"""casebook.roofline: the three floors, the regime, the roof fraction, the ridge point, the physics gate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from casebook.roofline import PHYSICS_MARGIN, FasterThanPhysics, Roofs, floors_us, place
+
+# 100 TFLOP/s, 1000 GB/s, 2 us per launch: ridge point 100 FLOP/byte.
+ROOFS = Roofs(compute_tflops=100.0, bandwidth_gbps=1000.0, launch_us=2.0)
+
+
+def test_ridge_point_is_where_compute_and_bandwidth_roofs_meet():
+    assert ROOFS.ridge_point == pytest.approx(100.0)
+    f = floors_us(flops=100.0 * 1e9, bytes_moved=1e9, launches=0, roofs=ROOFS)
+    assert f["compute"] == pytest.approx(f["bandwidth"])
+
+
+def test_floors_in_microseconds():
+    f = floors_us(flops=2e9, bytes_moved=3e7, launches=4, roofs=ROOFS)
+    assert f == pytest.approx({"compute": 20.0, "bandwidth": 30.0, "launch": 8.0})
+
+
+@pytest.mark.parametrize("flops, bytes_moved, launches, regime, floor_us", [
+    (1e10, 1e6, 1, "compute", 100.0),     # 10 GFLOP over 1 MB: 10,000 FLOP/byte, far over the ridge
+    (1e7, 1e8, 1, "bandwidth", 100.0),    # 100 MB at 0.1 FLOP/byte
+    (1e3, 1e3, 5, "launch", 10.0),        # a tiny kernel: 5 launches of 2 us dwarf 1 ns of data
+])
+def test_regime_is_the_highest_floor(flops, bytes_moved, launches, regime, floor_us):
+    p = place(flops, bytes_moved, launches, median_us=4 * floor_us, roofs=ROOFS)
+    assert p.regime == regime
+    assert p.floor_us == pytest.approx(floor_us)
+    assert p.roof_fraction == pytest.approx(0.25)
+
+
+def test_placement_quantities():
+    # 5e8 FLOP and 5e7 bytes (10 FLOP/byte): bandwidth floor 50 us, compute floor 5 us, launch 2 us.
+    p = place(flops=5e8, bytes_moved=5e7, launches=1, median_us=100.0, roofs=ROOFS)
+    assert p.arithmetic_intensity == pytest.approx(10.0)
+    assert (p.compute_floor_us, p.bandwidth_floor_us, p.launch_floor_us) == pytest.approx((5.0, 50.0, 2.0))
+    assert p.regime == "bandwidth"
+    assert p.roof_fraction == pytest.approx(0.5)
+    assert p.gbps == pytest.approx(500.0)          # 5e7 B / 100 us
+    assert p.tflops == pytest.approx(5.0)          # 5e8 FLOP / 100 us
+    assert p.attainable_tflops == pytest.approx(10.0)  # FLOPs over the floor: the roof at this intensity
+    assert p.as_dict()["regime"] == "bandwidth"
+
+
+def test_attainable_is_the_peak_above_the_ridge():
+    p = place(flops=1e10, bytes_moved=1e6, launches=0, median_us=200.0, roofs=ROOFS)
+    assert p.attainable_tflops == pytest.approx(ROOFS.compute_tflops)
+
+
+def test_no_bytes_means_infinite_intensity():
+    p = place(flops=1e9, bytes_moved=0, launches=1, median_us=20.0, roofs=ROOFS)
+    assert math.isinf(p.arithmetic_intensity) and p.regime == "compute"
+
+
+@pytest.mark.parametrize("median_us", [0.0, -1.0])
+def test_non_positive_time_is_refused(median_us):
+    with pytest.raises(ValueError, match="positive"):
+        place(1e9, 1e6, 1, median_us, ROOFS)
+
+
+# --- the physics gate --------------------------------------------------------------------------
+
+
+def test_faster_than_the_floor_beyond_the_margin_is_refused():
+    # Bandwidth floor 100 us; 94 us is 6% under it, past the 5% margin.
+    with pytest.raises(FasterThanPhysics) as info:
+        place(flops=1e7, bytes_moved=1e8, launches=1, median_us=94.0, roofs=ROOFS)
+    assert isinstance(info.value, ValueError)
+    msg = str(info.value)
+    assert "faster than physics" in msg and "bandwidth floor of 100.00 us" in msg and "94.00 us" in msg
+
+
+def test_within_the_margin_is_placed_above_the_roof():
+    p = place(flops=1e7, bytes_moved=1e8, launches=1, median_us=96.0, roofs=ROOFS)
+    assert p.roof_fraction == pytest.approx(100 / 96) and p.roof_fraction > 1
+
+
+def test_margin_edge():
+    floor = 100.0
+    place(1e7, 1e8, 1, floor * (1 - PHYSICS_MARGIN) + 1e-9, ROOFS)
+    with pytest.raises(FasterThanPhysics):
+        place(1e7, 1e8, 1, floor * (1 - PHYSICS_MARGIN) - 1e-6, ROOFS)
+
+
+def test_spread_widens_the_gate():
+    # 6% under the floor: refused with no spread, accepted when the measurement's own spread is 2%.
+    with pytest.raises(FasterThanPhysics):
+        place(1e7, 1e8, 1, 94.0, ROOFS, spread=0.0)
+    assert place(1e7, 1e8, 1, 94.0, ROOFS, spread=0.02).regime == "bandwidth"
+    with pytest.raises(FasterThanPhysics):  # ... but not without end
+        place(1e7, 1e8, 1, 90.0, ROOFS, spread=0.02)
+
+
+@pytest.mark.parametrize("flops, bytes_moved, launches, regime", [
+    (1e10, 1e6, 1, "compute"), (1e3, 1e3, 5, "launch")])
+def test_gate_holds_for_every_roof(flops, bytes_moved, launches, regime):
+    floor = floors_us(flops, bytes_moved, launches, ROOFS)[regime]
+    with pytest.raises(FasterThanPhysics, match=f"{regime} floor"):
+        place(flops, bytes_moved, launches, floor / 2, ROOFS)

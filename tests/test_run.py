@@ -1,0 +1,359 @@
+"""casebook.run: planning, the level-2 and level-3 arithmetic, `failed`, and whole runs on a CPU.
+
+Two whole runs: a tiny case whose variants cheat or break (tests/fixtures/kernels/cheats.py, through
+CASEBOOK_KERNELS_PATH), every one of which must be caught while the rest of the run goes on; and the real
+softmax case through the command line, as CI runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import casebook.kernels
+from casebook import results, run
+from casebook.bench import QUICK
+from casebook.load import load_case
+from casebook.schema import Result, Variant
+
+from conftest import REPO, SOFTMAX
+
+CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+"""Synthetic ceilings (1 TB/s, 1 PFLOP/s): the tiny case's kernels sit far under every roof."""
+
+
+# --- planning ---------------------------------------------------------------------------------------
+
+
+def variant(*backends: str) -> Variant:
+    return Variant(name="v", fn="v", note="n", backends=list(backends))
+
+
+@pytest.mark.parametrize("backends, on_gpu, where", [
+    (("cuda", "cpu"), True, ("cuda", True)),
+    (("cuda", "cpu"), False, ("cpu", True)),
+    (("cuda", "interpreter"), True, ("cuda", True)),
+    (("cuda", "interpreter"), False, ("cpu", False)),
+    (("cpu", "interpreter"), False, ("cpu", True)),
+    (("cuda",), False, None),
+    (("interpreter",), True, ("cpu", False)),
+])
+def test_placement(backends, on_gpu, where):
+    assert run.placement(variant(*backends), on_gpu) == where
+
+
+def test_plan_on_a_cpu():
+    case = load_case(SOFTMAX)
+    groups = run.plan(case, on_gpu=False, protocol=QUICK, ceilings=CEILINGS)
+    assert list(groups) == [v.name for v in case.kernel.variants]
+    kernel = len(case.levels.kernel.cpu_shapes) * len(case.levels.kernel.dtypes)
+    workload = len(case.levels.workload.cpu_shapes)
+    assert groups["torch_compile"]["device"] is None and groups["torch_compile"]["tasks"] == []
+    base = groups["torch_softmax"]  # the end-to-end baseline: timed here, so it runs the scenario too
+    assert (base["device"], base["timed"]) == ("cpu", True)
+    assert [t.level for t in base["tasks"]] == ["kernel"] * kernel + ["workload"] * workload + ["end_to_end"]
+    assert base["tasks"][-1].shape == case.levels.end_to_end.cpu_shape
+    online = groups["triton_online"]  # the end-to-end variant, but only checked here: no scenario
+    assert (online["device"], online["timed"]) == ("cpu", False) and len(online["tasks"]) == kernel + workload
+    shapes = [t.shape for t in online["tasks"] if t.level == "kernel"]
+    assert shapes == [s for s in case.levels.kernel.cpu_shapes for _ in case.levels.kernel.dtypes]
+    seeds = [t.seed for g in groups.values() for t in g["tasks"] if t.level == "kernel"]
+    assert len(set(seeds)) == kernel, "a point has the same seed in every variant, and its own"
+    t = base["tasks"][0]
+    assert t.protocol["cache"] == case.levels.kernel.cache and t.protocol["time_cap_s"] == QUICK.time_cap_s
+    assert t.roofs == {"compute_tflops": 1e3, "bandwidth_gbps": 1e3, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+
+
+def test_plan_on_a_gpu_uses_the_gpu_shapes():
+    case = load_case(SOFTMAX)
+    groups = run.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    assert all(g["device"] == "cuda" and g["timed"] for g in groups.values())
+    kernel = [t for t in groups["triton_online"]["tasks"] if t.level == "kernel"]
+    assert len(kernel) == len(case.levels.kernel.shapes) * len(case.levels.kernel.dtypes)
+    assert groups["triton_online"]["tasks"][-1].kind == "end_to_end"
+
+
+def test_plan_only_keeps_the_baseline():
+    groups = run.plan(load_case(SOFTMAX), on_gpu=False, protocol=QUICK, ceilings=CEILINGS, only=["eager"])
+    assert list(groups) == ["eager", "torch_softmax"]
+
+
+# --- levels 2 and 3, and what counts as failed --------------------------------------------------------
+
+
+def point(variant: str, rows: int, median_us: float | None, weight: float = 1.0, status: str = "ok") -> dict:
+    return {"variant": variant, "shape": {"rows": rows, "cols": 8}, "dtype": "bf16", "status": status,
+            "median_us": median_us, "weight": weight}
+
+
+def test_workload_summary():
+    points = [point("base", 1, 10.0, 3.0), point("base", 2, 10.0, 1.0),
+              point("fast", 1, 5.0, 3.0), point("fast", 2, 20.0, 1.0),  # 2x at weight 3, 0.5x at weight 1
+              point("partial", 1, 5.0, 3.0), point("partial", 2, None, 1.0, "failed")]
+    run._speedups(points, "base")
+    assert [p.get("speedup") for p in points] == [1.0, 1.0, 2.0, 0.5, 2.0, None]
+    rows = {r["variant"]: r for r in run._workload_summary(points, "base")}
+    assert rows["base"]["geomean_speedup"] == pytest.approx(1.0) and rows["base"]["regressions"] == []
+    assert rows["fast"]["geomean_speedup"] == pytest.approx(2 ** ((3 - 1) / 4))
+    assert rows["fast"]["worst_speedup"] == 0.5 and rows["fast"]["worst_shape"] == {"rows": 2, "cols": 8}
+    assert rows["fast"]["regressions"] == [{"rows": 2, "cols": 8}]
+    assert rows["partial"] == {"variant": "partial", "shapes": 2, "timed": 1}, "no geomean over part of the workload"
+
+
+E2E_CASE = load_case(SOFTMAX)  # baseline torch_softmax, variant triton_online, bf16
+
+
+def e2e(kernel_us: float, scenario_us: float, fingerprint=(1.0, 2.0), status: str = "ok") -> dict:
+    return {"status": status, "kernel_us": kernel_us, "scenario_us": scenario_us, "fingerprint": list(fingerprint)}
+
+
+def test_end_to_end_amdahl():
+    runs = {"torch_softmax": e2e(30.0, 100.0), "triton_online": e2e(10.0, 80.0)}
+    doc = run._end_to_end(E2E_CASE, runs, on_gpu=True)
+    assert doc["status"] == "ok"
+    assert doc["kernel_share"] == pytest.approx(0.3) and doc["kernel_speedup"] == pytest.approx(3.0)
+    assert doc["amdahl_speedup"] == pytest.approx(1 / (0.7 + 0.1))  # 1.25
+    assert doc["measured_speedup"] == pytest.approx(1.25) and doc["gap"] == pytest.approx(0.0)
+    assert doc["shape"] == E2E_CASE.levels.end_to_end.shape
+
+
+def test_end_to_end_outputs_must_agree():
+    runs = {"torch_softmax": e2e(30.0, 100.0), "triton_online": e2e(10.0, 80.0, fingerprint=(1.0, 2.5))}
+    doc = run._end_to_end(E2E_CASE, runs, on_gpu=True)
+    assert doc["status"] == "failed" and "scenario outputs differ" in doc["error"]
+
+
+def test_end_to_end_partial_and_missing():
+    only_base = run._end_to_end(E2E_CASE, {"torch_softmax": e2e(30.0, 100.0)}, on_gpu=False)
+    assert only_base["status"] == "partial" and only_base["kernel_share"] == pytest.approx(0.3)
+    assert only_base["shape"] == E2E_CASE.levels.end_to_end.cpu_shape
+    assert run._end_to_end(E2E_CASE, {}, on_gpu=False)["status"] == "skipped"
+    crashed = run._end_to_end(E2E_CASE, {"torch_softmax": {"status": "crashed", "error": "boom"}}, on_gpu=False)
+    assert crashed["status"] == "failed" and crashed["error"] == "boom"
+
+
+def doc_with(kernel=(), workload=(), e2e_status="ok", held=(True,)) -> dict:
+    return {"kernel_level": [{"status": s} for s in kernel], "workload_level": {"points": [{"status": s} for s in workload]},
+            "end_to_end": {"status": e2e_status}, "claims": [{"held": h} for h in held]}
+
+
+@pytest.mark.parametrize("doc, bad", [
+    (doc_with(["ok", "checked", "skipped"], ["ok"], "partial", (True, None)), False),
+    (doc_with(["ok", "failed"]), True),
+    (doc_with(["ok"], ["crashed"]), True),
+    (doc_with(["timeout"]), True),
+    (doc_with(["ok"], e2e_status="failed"), True),
+    (doc_with(["ok"], held=(True, False)), True),
+])
+def test_failed(doc, bad):
+    assert run.failed(doc) is bad
+
+
+# --- a whole run of cheating kernels ------------------------------------------------------------------
+
+CHEATS_CASE = """\
+schema_version: 1
+id: cheats
+title: "Kernels that cheat"
+operator: softmax
+summary: "Row softmax done wrong on purpose: the harness must catch every variant but one."
+bottleneck: {kind: bandwidth, reasoning: "A few FLOPs per byte."}
+patterns: [fusion]
+boundaries: [{axis: shape, holds: "Tiny shapes.", breaks: "Never run on a GPU."}]
+transfers: [{operator: layernorm, why: "Same row reduction."}]
+kernel:
+  module: cheats
+  reference: reference
+  inputs: make_inputs
+  traffic: traffic
+  tensors: {x: [rows, cols], y: [rows, cols]}
+  baseline: honest
+  variants:
+    - {name: honest, fn: honest, note: "torch.softmax.", backends: [cpu]}
+    - {name: writes_nothing, fn: writes_nothing, note: "Returns torch.empty_like.", backends: [cpu]}
+    - {name: cached_after_check, fn: cached_after_check, note: "Caches after the check.", backends: [cpu]}
+    - {name: crashes_at_large, fn: crashes_at_large, note: "Aborts at the level-1 shape.", backends: [cpu]}
+    - {name: hangs_at_large, fn: hangs_at_large, note: "Hangs at the level-1 shape.", backends: [cpu]}
+    - {name: gpu_only, fn: honest, note: "Nowhere to run on a CPU.", backends: [cuda]}
+levels:
+  kernel:
+    shapes: [{rows: 16, cols: 32}]
+    cpu_shapes: [{rows: 16, cols: 32}]
+    dtypes: [fp32]
+  workload:
+    description: "One small shape."
+    dtype: fp32
+    shapes: [{shape: {rows: 4, cols: 32}, weight: 1.0, source: "test"}]
+    cpu_shapes: [{shape: {rows: 4, cols: 32}, weight: 1.0, source: "test"}]
+  end_to_end:
+    description: "Softmax then a cumulative sum."
+    scenario: scenario
+    inputs: scenario_inputs
+    shape: {rows: 4, cols: 16}
+    cpu_shape: {rows: 4, cols: 16}
+    dtype: fp32
+    baseline: honest
+    variant: honest
+claims:
+  - {kind: throughput, text: "The honest kernel moves some bytes.", variant: honest, at_least_gbps: 1.0e-6}
+  - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0, level: kernel}
+  - {kind: regime, text: "Only on an H200.", variant: honest, regime: compute, hardware: [nvidia-h200]}
+writeup: {gap: "None.", remaining_bottleneck: "None."}
+"""
+TIMEOUT_S = 10.0
+"""Per task, the child's torch import included (2-3 s): the hang costs this much of the test's time."""
+
+
+@pytest.fixture(scope="module")
+def cheats_run(tmp_path_factory):
+    """`run_case` on the cheats case, once for the module: (document, progress events, seconds)."""
+    path = tmp_path_factory.mktemp("book") / "cases" / "cheats.yaml"
+    path.parent.mkdir()
+    path.write_text(CHEATS_CASE)
+    events: list[tuple[str, dict]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CASEBOOK_KERNELS_PATH", str(CHEATS_DIR))  # for the children
+        mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])  # for this process
+        start = time.monotonic()
+        doc = run.run_case(path, quick=True, timeout_s=TIMEOUT_S, ceilings=CEILINGS,
+                           progress=lambda event, info: events.append((event, info)))
+        return doc, events, time.monotonic() - start
+
+
+def points_of(doc: dict, name: str) -> tuple[dict, dict | None]:
+    [k] = [p for p in doc["kernel_level"] if p["variant"] == name]
+    w = [p for p in doc["workload_level"]["points"] if p["variant"] == name]
+    return k, (w[0] if w else None)
+
+
+def test_cheats_run_is_failed_and_stores(cheats_run, tmp_path):
+    doc, _, seconds = cheats_run
+    assert run.failed(doc)
+    assert seconds < 90, f"the cheats run took {seconds:.0f} s"
+    stored = results.load(results.save(doc, tmp_path))
+    assert isinstance(stored, Result) and stored.case_id == "cheats"
+    assert doc["kernel_sha256"] == hashlib.sha256((CHEATS_DIR / "cheats.py").read_bytes()).hexdigest()
+    assert doc["kernel_file"] == "cheats.py" and doc["command"].endswith("cheats.yaml --quick")
+
+
+def test_honest_variant_is_ok(cheats_run):
+    k, w = points_of(cheats_run[0], "honest")
+    assert (k["status"], w["status"]) == ("ok", "ok")
+    assert k["correct"] and k["median_us"] > 0 and k["regime"] in ("bandwidth", "launch", "compute")
+    assert w["speedup"] == 1.0 and w["weight"] == 1.0 and w["source"] == "test"
+
+
+def test_wrong_output_is_failed(cheats_run):
+    k, w = points_of(cheats_run[0], "writes_nothing")
+    for p in (k, w):
+        assert p["status"] == "failed" and p["correct"] is False and "NaN or Inf" in p["error"]
+        assert "median_us" not in p, "a wrong answer is never timed"
+
+
+def test_cache_after_the_check_is_caught_by_the_recheck(cheats_run):
+    k, w = points_of(cheats_run[0], "cached_after_check")
+    assert k["status"] == "failed" and k["error"].startswith("after timing: seed ") and "relative error" in k["error"]
+    assert k["correct"] is False and "gbps" not in k
+    assert w["status"] == "failed" and "output shape (16, 32), expected (4, 32)" in w["error"]
+
+
+def test_crash_is_contained_and_the_next_task_runs(cheats_run):
+    k, w = points_of(cheats_run[0], "crashes_at_large")
+    assert k["status"] == "crashed" and k["error"] == "child process died (exit code -6)"
+    assert w["status"] == "ok" and w["correct"], "a fresh child took the next task"
+
+
+def test_hang_times_out_and_the_next_task_runs(cheats_run):
+    k, w = points_of(cheats_run[0], "hangs_at_large")
+    assert k["status"] == "timeout" and k["error"] == f"no answer within {TIMEOUT_S:.0f} s: killed"
+    assert w["status"] == "ok"
+
+
+def test_variant_without_a_backend_here_is_skipped(cheats_run):
+    doc = cheats_run[0]
+    k, w = points_of(doc, "gpu_only")
+    assert k["status"] == "skipped" and "no backend of ['cuda']" in k["error"] and w is None
+    assert {v["name"]: v["mode"] for v in doc["variants"]} == {
+        "honest": "timed", "writes_nothing": "timed", "cached_after_check": "timed", "crashes_at_large": "timed",
+        "hangs_at_large": "timed", "gpu_only": "skipped"}
+
+
+def test_cheats_claims(cheats_run):
+    held = {c["text"]: (c["held"], c["detail"]) for c in cheats_run[0]["claims"]}
+    assert held["The honest kernel moves some bytes."][0] is True
+    assert held["Crashing is not faster."] == (False, "not measured at 16x32 fp32")
+    assert held["Only on an H200."][0] is None
+
+
+def test_cheats_end_to_end_and_summary(cheats_run):
+    doc = cheats_run[0]
+    e = doc["end_to_end"]
+    assert e["status"] == "ok" and e["measured_speedup"] == pytest.approx(1.0)
+    rows = {r["variant"]: r for r in doc["workload_level"]["summary"]}
+    assert rows["honest"]["geomean_speedup"] == pytest.approx(1.0)
+
+
+def test_progress_reports_every_task(cheats_run):
+    doc, events, _ = cheats_run
+    kinds = [e for e, _ in events]
+    assert kinds[:2] == ["ceilings", "plan"]
+    total = events[1][1]["total"]
+    assert kinds[2:] == ["task"] * total
+    assert total == 5 * 2 + 1  # five variants run here, a kernel and a workload point each; one scenario
+
+
+# --- the real case, as CI runs it ----------------------------------------------------------------------
+
+REQUIRED = ("variant", "shape", "dtype", "median_us", "p10_us", "p90_us", "gbps", "tflops", "arithmetic_intensity",
+            "roof_fraction", "regime", "correct", "max_rel_err")
+
+
+def test_softmax_case_runs_on_a_cpu(tmp_path):
+    """`casebook run cases/softmax_fusion.yaml`: exit 0, a valid stored result, Triton checked through the
+    interpreter. About 35-60 s on a 2-core machine (ceilings measured afresh included)."""
+    env = {**os.environ, "CASEBOOK_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "casebook.cli", "run", "cases/softmax_fusion.yaml",
+                           "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    seconds = time.monotonic() - start
+    stored = list((tmp_path / "results").glob("*/softmax_fusion.json"))
+    assert stored, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [path] = stored
+    doc = json.loads(path.read_text())
+    bad = [f"{p['variant']} {p['shape']} {p['dtype']}: {p['status']}: {p.get('error')}"
+           for p in doc["kernel_level"] + doc["workload_level"]["points"] if p["status"] not in ("ok", "checked", "skipped")]
+    assert proc.returncode == 0, "\n".join(bad) + f"\nceilings: {doc['hardware']['measured']}\n" + proc.stderr[-2000:]
+    result = Result.model_validate(doc)
+    assert results.load(path) == result and not run.failed(doc)
+    points = doc["kernel_level"]
+    timed = [p for p in points if p["status"] == "ok"]
+    assert {p["variant"] for p in timed} == {"eager", "torch_softmax"}
+    assert len(timed) == 2 * 2 * 3  # two CPU variants x two CPU shapes x three dtypes
+    for p in timed:
+        missing = [f for f in REQUIRED if p.get(f) is None]
+        assert not missing, f"{p['variant']} {p['shape']} {p['dtype']}: missing {missing}"
+        assert p["correct"] is True and p["p10_us"] <= p["median_us"] <= p["p90_us"]
+        assert p["regime"] == "bandwidth" and p["roof_fraction"] == pytest.approx(p["floor_us"] / p["median_us"])
+    for name in ("triton_onepass", "triton_online"):
+        mine = [p for p in points if p["variant"] == name]
+        assert {p["status"] for p in mine} <= {"checked", "skipped"} and "checked" in {p["status"] for p in mine}
+        assert all(p["correct"] and "median_us" not in p for p in mine if p["status"] == "checked")
+    skipped = [p for p in points if p["variant"] == "triton_onepass" and p["status"] == "skipped"]
+    assert skipped and all(p["shape"]["cols"] > 16384 and p["error"].startswith("unsupported") for p in skipped)
+    assert {v["name"]: v["mode"] for v in doc["variants"]} == {
+        "eager": "timed", "torch_softmax": "timed", "torch_compile": "skipped",
+        "triton_onepass": "checked", "triton_online": "checked"}
+    assert doc["protocol"]["cache"] == "cold" and doc["protocol"]["timer"] == "time.perf_counter_ns"
+    assert doc["end_to_end"]["status"] == "partial" and doc["end_to_end"]["kernel_share"] > 0
+    assert all(c["held"] is None for c in doc["claims"]), "every claim is for an H200"
+    print(f"casebook run cases/softmax_fusion.yaml: {seconds:.1f} s")
+    assert seconds < 150, f"took {seconds:.0f} s; about 40 s expected on a quiet 2-core machine"
