@@ -43,13 +43,13 @@ def run_isolated(worker: Callable[[Any], dict], tasks: list, *, timeout_s: float
         proc = _ctx.Process(target=_child, args=(worker, tasks[first:], env or {}, child), daemon=True)
         proc.start()
         child.close()
-        current, started = None, time.monotonic()
+        current, started, done = None, time.monotonic(), 0
         next_first = len(tasks)
         while True:
             limit = (timeout_s if current is not None else startup_s) - (time.monotonic() - started)
             if limit <= 0 or not parent.poll(limit):
                 _kill(proc)
-                j = first + (current or 0)
+                j = first + (current if current is not None else done)
                 results[j] = {"status": "timeout",
                               "error": f"no answer within {timeout_s if current is not None else startup_s:.0f} s: killed"}
                 _emit(on_done, j, results[j])
@@ -59,7 +59,7 @@ def run_isolated(worker: Callable[[Any], dict], tasks: list, *, timeout_s: float
                 msg = parent.recv()
             except EOFError:  # the child died: segfault, abort, out of memory, os._exit
                 proc.join(5)
-                j = first + (current or 0)
+                j = first + (current if current is not None else done)  # between tasks: the next one
                 results[j] = {"status": "crashed", "error": f"child process died (exit code {proc.exitcode})"}
                 _emit(on_done, j, results[j])
                 next_first = j + 1
@@ -69,7 +69,7 @@ def run_isolated(worker: Callable[[Any], dict], tasks: list, *, timeout_s: float
             elif msg[0] == "done":
                 results[first + msg[1]] = msg[2]
                 _emit(on_done, first + msg[1], msg[2])
-                current, started = None, time.monotonic()
+                current, started, done = None, time.monotonic(), msg[1] + 1
             else:  # exit
                 proc.join(30)
                 break

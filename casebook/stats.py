@@ -16,6 +16,7 @@ class Summary:
     mean_us: float
     cv: float
     repetitions: int
+    min_us: float = 0.0
 
     @property
     def spread(self) -> float:
@@ -38,6 +39,7 @@ def summarize(times_us: list[float] | np.ndarray) -> Summary:
         mean_us=mean,
         cv=float(t.std(ddof=1) / mean) if t.size > 1 else 0.0,
         repetitions=int(t.size),
+        min_us=float(t.min()),
     )
 
 
