@@ -247,3 +247,10 @@ def test_nothing_is_loaded_off_the_host(built: Path):
 
 def test_generated_pages_are_not_written_into_docs():
     assert not (REPO / "docs" / "cases").exists() and not (REPO / "docs" / "browse").exists()
+
+
+def test_the_books_own_cases_and_stored_results_build_strictly(tmp_path: Path, plot_cache: Path):
+    """Every committed result renders, including ones where only the baseline could be timed."""
+    assert build_site(REPO / "cases", REPO / "results", tmp_path / "site", plot_cache) == 0
+    for case in (REPO / "cases").glob("*.yaml"):
+        assert (tmp_path / "site" / "cases" / case.stem / "index.html").exists()
