@@ -17,14 +17,24 @@ class ResultError(ValueError):
     pass
 
 
+PARTIAL = ".partial"
+"""Suffix of a run's checkpoint (`<case-id>.json.partial`): what a run cut short had measured; never published."""
+
+
 def result_path(results_dir: Path, hardware_slug: str, case_id: str) -> Path:
     return Path(results_dir) / hardware_slug / f"{case_id}.json"
 
 
 def save(doc: dict, results_dir: Path) -> Path:
-    """Validate and write atomically (temp file in the same folder, then rename): never a half-written result."""
+    """Validate and write atomically (temp file in the same folder, then rename): never a half-written result.
+
+    A complete result replaces the case's checkpoint; an incomplete one is written as the checkpoint.
+    """
     Result.model_validate(doc)
     path = result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    checkpoint = path.with_name(path.name + PARTIAL)
+    if doc.get("complete") is False:
+        path = checkpoint
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
@@ -37,6 +47,8 @@ def save(doc: dict, results_dir: Path) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if path != checkpoint:
+        checkpoint.unlink(missing_ok=True)
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import math
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
@@ -74,21 +75,24 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
 
 
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
-             progress: Progress | None = None, ceilings: dict | None = None) -> dict:
-    """Run one case end to end and return the result document (not yet stored)."""
+             progress: Progress | None = None, ceilings: dict | None = None,
+             checkpoint: Callable[[dict], None] | None = None) -> dict:
+    """Run one case end to end and return the result document (not yet stored).
+
+    `checkpoint`, if given, receives the document as it stands after each variant (marked
+    `complete: false`), so a run cut short by a time limit still leaves what it measured.
+    """
     progress = progress or (lambda event, info: None)
     case = load_case(path)
-    started = _now()
     ident = hardware.identify()
     on_gpu = ident["kind"] == "gpu"
     progress("ceilings", {"hardware": ident["name"]})
-    ceilings = ceilings or hardware.ceilings()
-    env = hardware.environment()
-    env["clocks_start"] = hardware.clocks()
+    run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
+           "started": _now(), "ceilings": ceilings or hardware.ceilings(), "env": hardware.environment()}
+    run["env"]["clocks_start"] = hardware.clocks()
     protocol = QUICK if quick else Protocol()
-    groups = plan(case, on_gpu, protocol, ceilings, only)
-    total = sum(len(g["tasks"]) for g in groups.values())
-    progress("plan", {"total": total, "variants": list(groups)})
+    groups = plan(case, on_gpu, protocol, run["ceilings"], only)
+    progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
 
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
     for name, g in groups.items():
@@ -100,7 +104,14 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
 
         payloads = run_isolated(work, tasks, timeout_s=timeout_s, env=child_env, on_done=done) if tasks else []
         outcomes[name] = list(zip(tasks, payloads))
+        if checkpoint is not None and len(outcomes) < len(groups):
+            checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
+    return assemble(run, protocol, groups, outcomes, complete=True)
 
+
+def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, complete: bool) -> dict:
+    """The result document from the variants measured so far: points, the three levels, the claims."""
+    case, on_gpu = run["case"], run["on_gpu"]
     kernel_points, workload_points, e2e_runs, variants = [], [], {}, []
     weights = {shape_label(w.shape): w for w in (case.levels.workload.shapes if on_gpu
                                                  else case.levels.workload.cpu_shapes)}
@@ -134,8 +145,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     workload = {"dtype": case.levels.workload.dtype, "description": case.levels.workload.description,
                 "points": workload_points, "summary": _workload_summary(workload_points, case.kernel.baseline)}
     e2e = _end_to_end(case, e2e_runs, on_gpu)
-    outcomes_claims = claims_mod.evaluate(case, ident["slug"], kernel_points, workload, e2e)
-    env["clocks_end"] = hardware.clocks()
+    env = {**run["env"], "clocks_end": hardware.clocks()}
     kernel_file = _kernel_file(case.kernel.module)
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
@@ -144,21 +154,25 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
                     "correctness": "2 fresh random inputs before timing and 1 after; float64 reference; "
                                    "normwise relative error; NaN/Inf fail; outputs poisoned; inputs checked unmodified"}
     if on_gpu:
-        from casebook.bench import l2_flush_bytes  # noqa: needs CUDA in this process
+        from casebook.bench import HOST_SLACK_US, l2_flush_bytes
+
+        protocol_doc["host_slack_us"] = HOST_SLACK_US
         try:
             protocol_doc["l2_flush_bytes"] = l2_flush_bytes()
-        except Exception:
+        except Exception:  # the flush size is a record, not a requirement
             pass
+    path, only = run["path"], run["only"]
     return {
         "schema_version": RESULT_SCHEMA_VERSION,
         "case_id": case.id,
-        "case_sha256": case_sha256(Path(path)),
+        "case_sha256": case_sha256(path),
         "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
-        "command": f"casebook run {Path(path).as_posix()}" + (" --quick" if quick else "")
+        "command": f"casebook run {path.as_posix()}" + (" --quick" if run["quick"] else "")
                    + "".join(f" --variant {v}" for v in only or []),
-        "started_at": started,
+        "complete": complete,
+        "started_at": run["started"],
         "finished_at": _now(),
-        "hardware": {**ident, "measured": ceilings},
+        "hardware": {**run["ident"], "measured": run["ceilings"]},
         "environment": env,
         "protocol": protocol_doc,
         "variants": variants,
@@ -166,7 +180,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         "workload_level": workload,
         "end_to_end": e2e,
         "counters": [],
-        "claims": outcomes_claims,
+        "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e),
         "kernel_file": kernel_file.name,
     }
 
@@ -227,7 +241,6 @@ def _end_to_end(case: Case, runs: dict, on_gpu: bool) -> dict:
     kernel_speedup = base["kernel_us"] / var["kernel_us"]
     amdahl = 1 / ((1 - share) + share / kernel_speedup)
     measured = base["scenario_us"] / var["scenario_us"]
-    import math
     fb, fv = base["fingerprint"], var["fingerprint"]
     num = math.sqrt(sum((a - b) ** 2 for a, b in zip(fb, fv)))
     den = math.sqrt(sum(a * a for a in fb)) or 1.0

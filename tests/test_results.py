@@ -119,3 +119,14 @@ def test_stale(doc, tmp_path):
     edited.write_bytes(SOFTMAX.read_bytes() + b"\n")
     assert is_stale(r, case_sha256(edited), current[1]), "the case file changed"
     assert is_stale(r, current[0], "0" * 64), "the kernel module changed"
+
+
+def test_an_incomplete_run_is_a_checkpoint_beside_the_result_never_over_it(doc, tmp_path):
+    path = save(doc, tmp_path)
+    before = path.read_bytes()
+    partial = save({**doc, "complete": False}, tmp_path)
+    assert partial == path.with_name("softmax_fusion.json.partial")
+    assert path.read_bytes() == before, "a checkpoint never replaces a finished result"
+    assert [p for p, _ in results.all_results(tmp_path)] == [path], "checkpoints are not published"
+    save({**doc, "complete": True}, tmp_path)
+    assert not partial.exists(), "a finished run removes its checkpoint"

@@ -358,3 +358,16 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
     assert all(c["held"] is None for c in doc["claims"]), "every claim is for an H200"
     print(f"casebook run cases/softmax_fusion.yaml: {seconds:.1f} s")
     assert seconds < 150, f"took {seconds:.0f} s; about 40 s expected on a quiet 2-core machine"
+
+
+def test_checkpoint_after_each_variant_but_the_last(tmp_path, monkeypatch):
+    """A run cut short keeps what it measured: run_case hands over the document after each variant."""
+    from casebook import run as run_mod
+
+    seen: list[dict] = []
+    monkeypatch.setattr(run_mod, "run_isolated", lambda work, tasks, **kw: [{"status": "checked"} for _ in tasks])
+    doc = run_mod.run_case(REPO / "cases" / "softmax_fusion.yaml", checkpoint=seen.append)
+    variants = [v["name"] for v in doc["variants"]]
+    assert doc["complete"] is True
+    assert [len(d["variants"]) for d in seen] == list(range(1, len(variants)))
+    assert all(d["complete"] is False for d in seen)

@@ -52,7 +52,8 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                     console.print(f"[red]{t.variant} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
-        doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress)
+        doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress,
+                           checkpoint=lambda partial: results.save(partial, results_dir))
     if counters:
         from casebook import counters as counters_mod
 
