@@ -120,9 +120,11 @@ def report(doc: dict) -> None:
         for col in ("variant", "shape", "dtype", "modelled MB", "measured MB", "gap"):
             c.add_column(col)
         for r in doc["counters"]:
-            c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], _fmt(r.get("modelled_bytes") and r["modelled_bytes"] / 1e6, ".1f"),
-                      _fmt(r.get("measured_bytes") and r["measured_bytes"] / 1e6, ".1f"),
-                      _fmt(r.get("gap") is not None and 100 * r["gap"], "+.0f") + "%" if r.get("gap") is not None else r.get("error", "-"))
+            if r.get("gap") is None:  # ncu gave nothing for this variant: say why
+                c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], "-", "-", r.get("error", "-"))
+                continue
+            c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], f"{r['modelled_bytes'] / 1e6:.1f}",
+                      f"{r['measured_bytes'] / 1e6:.1f}", f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
         out.print(c)
     out.print("[bold]Claims[/bold]")
     for c in doc["claims"]:
