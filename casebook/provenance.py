@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import re
 from pathlib import Path
+from typing import Any, Mapping
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 """The installed kernel modules (`casebook/kernels/<module>.py`)."""
@@ -57,3 +59,30 @@ def kernel_imports(source: bytes) -> set[str]:
         elif isinstance(node, ast.Import):
             found |= {a.name.split(".")[2] for a in node.names if a.name.startswith("casebook.kernels.")}
     return found
+
+
+def measurement_sha256(case: Any) -> str:
+    """sha256 of what a run measures and judges: the case's kernel, levels and claims (not its prose).
+
+    Results record it beside the file hash, so rewording a case's write-up leaves its results current.
+    """
+    spec = {"kernel": case.kernel.model_dump(mode="json"), "levels": case.levels.model_dump(mode="json"),
+            "claims": [c.model_dump(mode="json") for c in case.claims]}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def stale_reasons(result: Mapping, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:
+    """Why a stored result no longer describes the current case and kernel (empty: it does)."""
+    reasons = []
+    recorded = result.get("measurement_sha256")
+    if recorded is not None:
+        if recorded != measurement_sha256(case):
+            reasons.append(f"the kernel, levels or claims of {Path(case_path).name} changed since the run")
+    elif result.get("case_sha256") != case_sha256(case_path):
+        reasons.append(f"the case file {Path(case_path).name} changed since the run")
+    module = case.kernel.module
+    if not kernel_path(module, kernels_dir).is_file():
+        reasons.append(f"the kernel module {module}.py is missing")
+    elif result.get("kernel_sha256") != kernel_sha256(module, kernels_dir):
+        reasons.append(f"the kernel module {module}.py changed since the run")
+    return reasons

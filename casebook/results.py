@@ -72,8 +72,3 @@ def load(path: Path) -> Result:
 
 def all_results(results_dir: Path) -> list[tuple[Path, Result]]:
     return [(p, load(p)) for p in sorted(Path(results_dir).glob("*/*.json"))]
-
-
-def is_stale(result: Result, case_sha256: str, kernel_sha256: str) -> bool:
-    """A result measured a different case file or kernel source than the current one."""
-    return (result.case_sha256, result.kernel_sha256) != (case_sha256, kernel_sha256)

@@ -18,7 +18,7 @@ from casebook.check import TOLERANCE
 from casebook.isolate import run_isolated
 from casebook.load import load_case
 from casebook.measure import Task, work
-from casebook.provenance import case_sha256, kernel_path, kernel_sha256
+from casebook.provenance import case_sha256, kernel_path, kernel_sha256, measurement_sha256
 from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
 from casebook.stats import weighted_geomean
 
@@ -167,6 +167,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "case_id": case.id,
         "case_sha256": case_sha256(path),
         "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
+        "measurement_sha256": measurement_sha256(case),
         "command": f"casebook run {path.as_posix()}" + (" --quick" if run["quick"] else "")
                    + "".join(f" --variant {v}" for v in only or []),
         "complete": complete,

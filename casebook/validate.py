@@ -300,24 +300,17 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     if not stored:
         return [CaseError(path, 1, "results", f"no results/<hardware>/{case.id}.json: run `casebook run {path}` "
                                               "and commit the result")]
-    case_hash = provenance.case_sha256(path)
-    kernel_hash = provenance.kernel_sha256(case.kernel.module, kernels_dir(path))
     errors = []
     for result in stored:
         shown = result.relative_to(root).as_posix()
         try:
             doc = json.loads(result.read_bytes())
-            ran = (doc["case_sha256"], doc["kernel_sha256"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({type(e).__name__}: {e})"))
             continue
-        if ran[0] != case_hash:
-            errors.append(CaseError(path, 1, "results", f"{shown} is stale: this case file changed since it "
-                                                        "was run; run it again"))
-        if ran[1] != kernel_hash:
-            errors.append(CaseError(path, lines.line(("kernel", "module")), "results",
-                                    f"{shown} is stale: casebook/kernels/{case.kernel.module}.py changed since it "
-                                    "was run; run it again"))
+        errors += [CaseError(path, lines.line(("kernel", "module")) if "kernel module" in why else 1, "results",
+                             f"{shown} is stale: {why}; run it again") for why in reasons]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
     return errors

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from casebook import results
-from casebook.results import ResultError, is_stale, load, result_path, save
+from casebook.results import ResultError, load, result_path, save
 from casebook.schema import RESULT_SCHEMA_VERSION, Result
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
@@ -106,19 +106,39 @@ def test_older_version_is_migrated_in_memory(doc, tmp_path, monkeypatch):
     assert path.read_text() == before
 
 
-def test_stale(doc, tmp_path):
-    """Stale: the case file or the kernel module is not, byte for byte, what was measured."""
-    from casebook.provenance import case_sha256, kernel_sha256
-
+def test_stale_without_a_measurement_hash_means_the_case_file_changed(doc, tmp_path):
+    """Results from before measurement_sha256: stale when the case file or the kernel differs byte for byte."""
     from conftest import SOFTMAX
 
-    current = (case_sha256(SOFTMAX), kernel_sha256("softmax_fusion"))
-    r = Result.model_validate({**doc, "case_sha256": current[0], "kernel_sha256": current[1]})
-    assert not is_stale(r, *current)
+    from casebook.load import load_case
+    from casebook.provenance import case_sha256, kernel_sha256, stale_reasons
+
+    case = load_case(SOFTMAX)
+    r = {**doc, "case_sha256": case_sha256(SOFTMAX), "kernel_sha256": kernel_sha256("softmax_fusion")}
+    r.pop("measurement_sha256", None)
+    assert stale_reasons(r, SOFTMAX, case) == []
     edited = tmp_path / "softmax_fusion.yaml"
     edited.write_bytes(SOFTMAX.read_bytes() + b"\n")
-    assert is_stale(r, case_sha256(edited), current[1]), "the case file changed"
-    assert is_stale(r, current[0], "0" * 64), "the kernel module changed"
+    assert stale_reasons(r, edited, case) == ["the case file softmax_fusion.yaml changed since the run"]
+    assert stale_reasons({**r, "kernel_sha256": "0" * 64}, SOFTMAX, case) == [
+        "the kernel module softmax_fusion.py changed since the run"]
+
+
+def test_with_a_measurement_hash_prose_edits_keep_a_result_current(doc, tmp_path):
+    from conftest import SOFTMAX
+
+    from casebook.load import load_case
+    from casebook.provenance import kernel_sha256, measurement_sha256, stale_reasons
+
+    case = load_case(SOFTMAX)
+    r = {**doc, "case_sha256": "0" * 64, "kernel_sha256": kernel_sha256("softmax_fusion"),
+         "measurement_sha256": measurement_sha256(case)}
+    assert stale_reasons(r, SOFTMAX, case) == [], "the write-up changed, not what was measured"
+    retitled = case.model_copy(update={"title": "Another title"})
+    assert measurement_sha256(retitled) == measurement_sha256(case)
+    fewer = case.model_copy(update={"claims": case.claims[:1]})
+    assert stale_reasons(r, SOFTMAX, fewer) == [
+        "the kernel, levels or claims of softmax_fusion.yaml changed since the run"]
 
 
 def test_an_incomplete_run_is_a_checkpoint_beside_the_result_never_over_it(doc, tmp_path):

@@ -172,10 +172,10 @@ def test_strict_stale_results(make_case, line_of):
     store_result(path, case_sha="0" * 64, kernel_sha="1" * 64)
     errors = [str(e) for e in validate([path], strict=True).errors]
     assert errors == [
-        f"{path}:1: results: results/nvidia-h200/softmax_fusion.json is stale: this case file changed since it "
-        "was run; run it again",
+        f"{path}:1: results: results/nvidia-h200/softmax_fusion.json is stale: the case file softmax_fusion.yaml "
+        "changed since the run; run it again",
         f"{path}:{line_of(path, 'module: softmax_fusion')}: results: results/nvidia-h200/softmax_fusion.json is "
-        "stale: casebook/kernels/softmax_fusion.py changed since it was run; run it again",
+        "stale: the kernel module softmax_fusion.py changed since the run; run it again",
     ]
 
 

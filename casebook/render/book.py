@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casebook.load import load_case
-from casebook.provenance import case_sha256, kernel_path, kernel_sha256
+from casebook import provenance
 from casebook.results import load as load_result
 from casebook.schema import Case, Result
 
@@ -16,7 +16,7 @@ class BookError(ValueError):
 
 def kernel_source(module: str) -> str | None:
     """The kernel module as text (never imported), or None when the file is missing."""
-    path = kernel_path(module)
+    path = provenance.kernel_path(module)
     return path.read_text(encoding="utf-8") if path.is_file() else None
 
 
@@ -107,12 +107,4 @@ def _attach(book: Book, path: Path) -> None:
 
 def stale_reasons(entry: Entry, result: Result) -> list[str]:
     """Why a stored result no longer describes the current case and kernel (empty: it does)."""
-    reasons = []
-    if result.case_sha256 != case_sha256(entry.path):
-        reasons.append(f"the case file {entry.path.name} changed since the run")
-    module = entry.case.kernel.module
-    if not kernel_path(module).is_file():
-        reasons.append(f"the kernel module {module}.py is missing")
-    elif result.kernel_sha256 != kernel_sha256(module):
-        reasons.append(f"the kernel module {module}.py changed since the run")
-    return reasons
+    return provenance.stale_reasons(result.model_dump(), entry.path, entry.case)
