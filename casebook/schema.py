@@ -433,7 +433,10 @@ class Result(Open):
     schema_version: int = Field(description="Version of the result format.")
     case_id: str = Field(description="The case measured.")
     case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
-    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes when it was run.")
+    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with the kernel modules it imports) when it was run.")
+    measurement_sha256: str | None = Field(
+        default=None,
+        description="sha256 of the case's kernel, levels and claims: staleness is judged by it when present, so prose edits keep a result current.")
     hardware: dict[str, Any] = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
     environment: dict[str, Any] = Field(description="Versions, driver, clocks: what a reproduction needs.")
     protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, tolerances.")
