@@ -243,6 +243,13 @@ def reference_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def device_generator(generator: torch.Generator, device: str) -> torch.Generator:
+    """A generator on `device` seeded from `generator`: large operands are drawn where they live
+    (drawing a 70B layer's weights on the CPU and copying them takes seconds per check)."""
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def num_sms(t: torch.Tensor) -> int:
     """Programs of a persistent grid: the SM count on a GPU, a small odd number under the interpreter."""
     if t.is_cuda:

@@ -51,10 +51,11 @@ def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Ten
 def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
     """A ~ N(0, 1), B ~ N(0, 1/k), bias ~ N(0, 0.25): pre-activations ~ N(0, 1.25), GELU's curved range."""
     m, n, k = shape["m"], shape["n"], shape["k"]
-    a = torch.randn(m, k, generator=generator)
-    b = torch.randn(k, n, generator=generator) * k**-0.5
-    bias = torch.randn(n, generator=generator) * 0.5
-    return {name: v.to(device=device, dtype=dtype) for name, v in {"a": a, "b": b, "bias": bias}.items()}
+    g = gemm_common.device_generator(generator, device)
+    a = torch.randn(m, k, generator=g, device=device)
+    b = torch.randn(k, n, generator=g, device=device) * k**-0.5
+    bias = torch.randn(n, generator=g, device=device) * 0.5
+    return {name: v.to(dtype) for name, v in {"a": a, "b": b, "bias": bias}.items()}
 
 
 def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
@@ -126,12 +127,13 @@ def triton_plain(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
 def make_mlp_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
     """x [tokens, hidden]; w1 [hidden, inter], b1 [inter]; w2 [inter, hidden], b2 [hidden]."""
     t, h, i = shape["tokens"], shape["hidden"], shape["inter"]
-    x = torch.randn(t, h, generator=generator)
-    w1 = torch.randn(h, i, generator=generator) * h**-0.5
-    b1 = torch.randn(i, generator=generator) * 0.5
-    w2 = torch.randn(i, h, generator=generator) * i**-0.5
-    b2 = torch.randn(h, generator=generator) * 0.5
-    return {name: v.to(device=device, dtype=dtype)
+    g = gemm_common.device_generator(generator, device)
+    x = torch.randn(t, h, generator=g, device=device)
+    w1 = torch.randn(h, i, generator=g, device=device) * h**-0.5
+    b1 = torch.randn(i, generator=g, device=device) * 0.5
+    w2 = torch.randn(i, h, generator=g, device=device) * i**-0.5
+    b2 = torch.randn(h, generator=g, device=device) * 0.5
+    return {name: v.to(dtype)
             for name, v in {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}.items()}
 
 

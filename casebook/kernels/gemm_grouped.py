@@ -82,11 +82,12 @@ def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.G
     p = expert_probabilities(experts)[torch.randperm(experts, generator=generator)]
     choice = torch.multinomial(p.float(), tokens, replacement=True, generator=generator)
     group_sizes = torch.bincount(choice, minlength=experts).to(torch.int32)
-    x = torch.randn(tokens, k, generator=generator)
-    w = torch.empty(experts, n, k, dtype=dtype)
+    g = gemm_common.device_generator(generator, device)
+    x = torch.randn(tokens, k, generator=g, device=device)
+    w = torch.empty(experts, n, k, dtype=dtype, device=device)
     for e in range(experts):  # one expert at a time: no fp32 copy of all the weights
-        w[e] = torch.randn(n, k, generator=generator) * k**-0.5
-    return {"x": x.to(device=device, dtype=dtype), "w": w.to(device), "group_sizes": group_sizes.to(device)}
+        w[e] = torch.randn(n, k, generator=g, device=device) * k**-0.5
+    return {"x": x.to(dtype), "w": w, "group_sizes": group_sizes.to(device)}
 
 
 def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
@@ -310,14 +311,15 @@ def make_moe_inputs(shape: dict, dtype: torch.dtype, device: str, generator: tor
     p = expert_probabilities(experts)[torch.randperm(experts, generator=generator)]
     topk_ids = torch.multinomial(p.float().expand(t, experts), top_k, replacement=False, generator=generator)
     topk_weights = torch.softmax(torch.randn(t, top_k, generator=generator), dim=-1)
-    x = torch.randn(t, h, generator=generator)
-    w13 = torch.empty(experts, 2 * i, h, dtype=dtype)
-    w2 = torch.empty(experts, h, i, dtype=dtype)
+    g = gemm_common.device_generator(generator, device)
+    x = torch.randn(t, h, generator=g, device=device)
+    w13 = torch.empty(experts, 2 * i, h, dtype=dtype, device=device)
+    w2 = torch.empty(experts, h, i, dtype=dtype, device=device)
     for e in range(experts):
-        w13[e] = torch.randn(2 * i, h, generator=generator) * h**-0.5
-        w2[e] = torch.randn(h, i, generator=generator) * i**-0.5
-    return {"x": x.to(device=device, dtype=dtype), "topk_ids": topk_ids.to(device),
-            "topk_weights": topk_weights.to(device=device, dtype=dtype), "w13": w13.to(device), "w2": w2.to(device)}
+        w13[e] = torch.randn(2 * i, h, generator=g, device=device) * h**-0.5
+        w2[e] = torch.randn(h, i, generator=g, device=device) * i**-0.5
+    return {"x": x.to(dtype), "topk_ids": topk_ids.to(device),
+            "topk_weights": topk_weights.to(device=device, dtype=dtype), "w13": w13, "w2": w2}
 
 
 def moe_ffn(kernel, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,

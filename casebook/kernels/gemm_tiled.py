@@ -40,9 +40,10 @@ def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
     """A ~ N(0, 1) activations, B ~ N(0, 1/k) weights (fan-in scaling), so C ~ N(0, 1) at any k."""
     m, n, k = shape["m"], shape["n"], shape["k"]
-    a = torch.randn(m, k, generator=generator)
-    b = torch.randn(k, n, generator=generator) * k**-0.5
-    return {"a": a.to(device=device, dtype=dtype), "b": b.to(device=device, dtype=dtype)}
+    g = gemm_common.device_generator(generator, device)
+    a = torch.randn(m, k, generator=g, device=device)
+    b = torch.randn(k, n, generator=g, device=device) * k**-0.5
+    return {"a": a.to(dtype), "b": b.to(dtype)}
 
 
 def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
@@ -88,11 +89,12 @@ def triton_tma_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def make_mlp_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
     """x [tokens, hidden]; w_gate, w_up [hidden, inter]; w_down [inter, hidden] (fan-in scaled)."""
     t, h, i = shape["tokens"], shape["hidden"], shape["inter"]
-    x = torch.randn(t, h, generator=generator)
-    w_gate = torch.randn(h, i, generator=generator) * h**-0.5
-    w_up = torch.randn(h, i, generator=generator) * h**-0.5
-    w_down = torch.randn(i, h, generator=generator) * i**-0.5
-    return {name: v.to(device=device, dtype=dtype)
+    g = gemm_common.device_generator(generator, device)
+    x = torch.randn(t, h, generator=g, device=device)
+    w_gate = torch.randn(h, i, generator=g, device=device) * h**-0.5
+    w_up = torch.randn(h, i, generator=g, device=device) * h**-0.5
+    w_down = torch.randn(i, h, generator=g, device=device) * i**-0.5
+    return {name: v.to(dtype)
             for name, v in {"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down}.items()}
 
 
