@@ -16,7 +16,6 @@ import torch.nn.functional as F
 import yaml
 
 from casebook.check import TOLERANCE, TORCH_DTYPES
-
 from casebook.kernels import gemm_epilogue as mod
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,6 @@ import torch
 import yaml
 
 from casebook.check import TOLERANCE, TORCH_DTYPES
-
 from casebook.kernels import gemm_grouped as mod
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,6 @@ import torch
 import yaml
 
 from casebook.check import TOLERANCE, TORCH_DTYPES
-
 from casebook.kernels import gemm_common, gemm_tiled as mod
 
 REPO = Path(__file__).resolve().parents[2]
