@@ -10,8 +10,8 @@ Three schedules of the same tile computation, simplest first:
                    grouped order: no tail of short-lived programs, and the next tile's loads overlap
                    this tile's epilogue (tutorial 09)
   tma_persistent   the persistent schedule with tiles moved by the Hopper tensor memory accelerator
-                   (device-side tensor descriptors): fewer address instructions, hardware bounds
-                   handling. Used only where the hardware, the Triton version and the strides allow;
+                   (host-side tensor descriptors, built once per call and passed as kernel arguments):
+                   fewer address instructions, hardware bounds handling. Used only where the hardware, the Triton version and the strides allow;
                    otherwise it runs the `persistent` pointer kernel (see `tma_supported`).
 
 The epilogue is optional: `+ bias[n]` and GELU (the exact erf form, torch's default) applied to the
@@ -30,6 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: no host-side descriptors, the TMA schedule runs `persistent`
+    TensorDescriptor = None
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 """Read once at import, like Triton itself: kernels are interpreted on CPU tensors."""
 
@@ -37,12 +42,20 @@ INTERPRETER_SMS = 3
 """Programs of a persistent grid under the interpreter: odd, so that programs get unequal tile counts."""
 
 
-def _configs(gpu: list[tuple[int, int, int, int, int]], group_m: int = 8) -> list[triton.Config]:
+def _configs(gpu: list[tuple[int, int, int, int, int]], group_m: int = 8, pre_hook=None) -> list[triton.Config]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) tuples; one tiny config under the interpreter."""
     if INTERPRET:
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4, num_stages=1)]
+        gpu, group_m = [(32, 16, 16, 1, 4)], 2
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
-                          num_stages=s, num_warps=w) for bm, bn, bk, s, w in gpu]
+                          num_stages=s, num_warps=w, pre_hook=pre_hook) for bm, bn, bk, s, w in gpu]
+
+
+def _set_tma_blocks(nargs: dict) -> None:
+    # Host descriptors are built before the autotuner picks a tile: give each the chosen block shape.
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["b_desc"].block_shape = [bk, bn]
+    nargs["c_desc"].block_shape = [bm, bn]
 
 
 # Hopper (sm90, 228 KB shared memory per SM). A 128x256x64 bf16 stage is 48 KB of shared memory, so
@@ -70,7 +83,7 @@ TMA_CONFIGS = _configs([
     (128, 128, 64, 4, 4),
     (128, 128, 128, 3, 8),
     (64, 128, 64, 4, 4),
-])
+], pre_hook=_set_tma_blocks)
 
 KEY = ["M", "N", "K", "HAS_BIAS", "GELU"]
 _EVEN_K = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
@@ -203,17 +216,13 @@ def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
 
 @triton.autotune(configs=TMA_CONFIGS, key=KEY)
 @triton.jit
-def _tma_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
-                           stride_am, stride_bk, stride_cm,
+def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                            HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
                            NUM_SMS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            GROUP_M: tl.constexpr):
     # The descriptors carry shape and strides: TMA zero-fills reads past the edge and clips writes,
     # so the kernel has no masks at all (only the bias load).
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1], block_shape=[BLOCK_K, BLOCK_N])
-    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1], block_shape=[BLOCK_M, BLOCK_N])
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -231,7 +240,7 @@ def _tma_persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 
 # --- launchers ------------------------------------------------------------------------------------
@@ -258,14 +267,14 @@ def num_sms(t: torch.Tensor) -> int:
 
 
 def _tma_alloc(size: int, alignment: int, stream):
-    # Device-side descriptors need a little global scratch per launch (128 bytes per program).
+    # Device-side descriptors (the grouped kernel's) need a little global scratch per launch.
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
 def tma_supported(*tensors: torch.Tensor) -> bool:
-    """True where the TMA path is valid: Triton has device-side tensor descriptors; on a GPU, sm90+;
+    """True where the TMA path is valid: Triton has host-side tensor descriptors; on a GPU, sm90+;
     every tensor unit-stride in its last dimension with 16-byte-aligned base and row strides."""
-    if not (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")):
+    if TensorDescriptor is None:
         return False
     for t in tensors:
         if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
@@ -295,12 +304,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, g
     flags = dict(HAS_BIAS=has_bias, GELU=gelu, UPCAST_DOT=a.dtype == torch.bfloat16 and not a.is_cuda)
 
     if schedule == "tma_persistent" and tma_supported(a, b, c):
-        if a.is_cuda:
-            triton.set_allocator(_tma_alloc)
         sms = num_sms(a)
+        descs = [TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c)]  # blocks set per config
         grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
-        _tma_persistent_kernel[grid](a, b, c, bias_arg, M, N, K, a.stride(0), b.stride(0), c.stride(0),
-                                     NUM_SMS=sms, **flags)
+        _tma_persistent_kernel[grid](*descs, bias_arg, M, N, K, NUM_SMS=sms, **flags)
         return c
     args = (a, b, c, bias_arg, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if schedule == "tiled":

@@ -9,9 +9,9 @@ The ladder:
   torch_softmax    the library's fused kernel: 1 read + 1 write when the row fits, more when it does not
   torch_compile    Inductor's generated fused kernel
   triton_onepass   one program per block of rows, the row held on chip: 1 read + 1 write
-  triton_online    rows too long for one program: online max/sum over tiles, then a second sweep in
-                   reverse order so that it re-reads what is still in L2; few very long rows are split
-                   across programs (per-chunk statistics, then a combine-and-normalise pass)
+  triton_online    rows too long for one program: each row split into chunks, one program per chunk
+                   holding it in registers; the chunks' (max, sum) are exchanged through a per-row
+                   barrier and each program normalises its chunk in place: still one read, one write
 """
 
 from __future__ import annotations
@@ -149,121 +149,125 @@ def triton_onepass(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# --- variant 5: online max/sum for rows of any length ---------------------------------------------
+# --- variant 5: rows of any length, split across cooperating programs -----------------------------
 
 
 @triton.jit
-def _online_row_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, BLOCK: tl.constexpr, PER_SM: tl.constexpr):
-    # Persistent: a few programs per SM walk the rows, so the rows in flight (programs x row bytes)
-    # stay under L2 and sweep 2's re-read is served from L2, not DRAM.
-    lanes = tl.arange(0, BLOCK)
-    n_tiles = tl.cdiv(n_cols, BLOCK)
-    pid = tl.program_id(0).to(tl.int64)
-    n_prog = tl.num_programs(0)
-    for i in range(0, tl.cdiv(n_rows - pid, n_prog)):
-        row = pid + i * n_prog
-        x_row = x_ptr + row * stride
-        y_row = y_ptr + row * stride
-        # Sweep 1 keeps a running max and a rescaled running sum per lane.
-        m = tl.full([BLOCK], -float("inf"), tl.float32)
-        s = tl.zeros([BLOCK], tl.float32)
-        for t in range(0, n_tiles):
-            cols = t * BLOCK + lanes
-            x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-            m_new = tl.maximum(m, x)
-            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
-            m = m_new
-        row_max = tl.max(m, axis=0)
-        inv = 1.0 / tl.sum(s * tl.exp(m - row_max), axis=0)
-        # Sweep 2 walks the row backwards: the tiles read last in sweep 1 are the likeliest still in L2.
-        for j in range(0, n_tiles):
-            cols = (n_tiles - 1 - j) * BLOCK + lanes
-            mask = cols < n_cols
-            x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-            tl.store(y_row + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=mask)
+def _row_barrier(arrived_ptr, generation_ptr, n_programs):
+    # A sense-reversing barrier for the programs of one row. The last to arrive resets the count and
+    # bumps the generation; the others spin until the generation moves. All of a row's programs are
+    # resident together (see `_max_chunks`), so the spin always ends.
+    tl.debug_barrier()  # every thread's statistics are stored before this program arrives
+    generation = tl.atomic_add(generation_ptr, 0, sem="acquire")
+    ticket = tl.atomic_add(arrived_ptr, 1, sem="acq_rel")
+    if ticket == n_programs - 1:
+        tl.atomic_xchg(arrived_ptr, 0, sem="relaxed")
+        tl.atomic_add(generation_ptr, 1, sem="release")
+    else:
+        seen = generation
+        while seen == generation:
+            seen = tl.atomic_add(generation_ptr, 0, sem="acquire")
+    tl.debug_barrier()
 
 
 @triton.jit
-def _chunk_stats_kernel(x_ptr, m_ptr, s_ptr, n_cols, stride, n_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    # Split rows, step 1: each program reduces one chunk of one row to (max, sum of exp(x - max)).
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    lanes = tl.arange(0, BLOCK)
-    m = tl.full([BLOCK], -float("inf"), tl.float32)
-    s = tl.zeros([BLOCK], tl.float32)
-    for t in range(0, CHUNK // BLOCK):
-        cols = chunk * CHUNK + t * BLOCK + lanes
-        x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m, x)
-        # A lane that has seen only padding keeps m = -inf; guard its rescale factor against NaN.
-        s = s * tl.where(m_new == -float("inf"), 0.0, tl.exp(m - m_new)) + tl.exp(x - m_new)
-        m = m_new
-    cmax = tl.max(m, axis=0)
-    csum = tl.sum(tl.where(m == -float("inf"), 0.0, s * tl.exp(m - cmax)), axis=0)
-    tl.store(m_ptr + row * n_chunks + chunk, cmax)
-    tl.store(s_ptr + row * n_chunks + chunk, csum)
+def _split_row_kernel(x_ptr, y_ptr, m_ptr, s_ptr, arrived_ptr, generation_ptr, n_rows, n_cols, stride,
+                      CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr):
+    # The programs of a row each hold one CHUNK of it in registers. PHASE 0 (the GPU): chunk max and
+    # sum, exchanged through a row barrier, then normalise from registers: one read, one write.
+    # PHASE 1 then PHASE 2 (two launches, for the interpreter, which runs programs one after another
+    # and so cannot wait on a later one): statistics, then re-read, combine and normalise.
+    n_chunks = tl.cdiv(n_cols, CHUNK)
+    pid = tl.program_id(0)
+    row = (pid // n_chunks).to(tl.int64)
+    chunk = pid % n_chunks
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    chunk_max = tl.max(x, axis=0)
+    e = tl.exp(x - chunk_max)
+    stats = row * n_chunks
+    if PHASE != 2:
+        tl.store(m_ptr + stats + chunk, chunk_max)
+        tl.store(s_ptr + stats + chunk, tl.sum(e, axis=0))
+    if PHASE == 0:
+        _row_barrier(arrived_ptr + row, generation_ptr + row, n_chunks)
+    if PHASE != 1:
+        c = tl.arange(0, MAX_CHUNKS)
+        # .cg: read at L2, where the other programs' statistics are, never a stale L1 line.
+        cm = tl.load(m_ptr + stats + c, mask=c < n_chunks, other=-float("inf"), cache_modifier=".cg")
+        cs = tl.load(s_ptr + stats + c, mask=c < n_chunks, other=0.0, cache_modifier=".cg")
+        row_max = tl.max(cm, axis=0)
+        scale = tl.exp(chunk_max - row_max) / tl.sum(cs * tl.exp(cm - row_max), axis=0)
+        tl.store(y_ptr + row * stride + cols, (e * scale).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _chunk_normalize_kernel(x_ptr, y_ptr, m_ptr, s_ptr, n_cols, stride, n_chunks, CHUNK: tl.constexpr,
-                            BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
-    # Split rows, step 2: combine the row's chunk statistics, then normalise this chunk (an L2 re-read).
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    c = tl.arange(0, MAX_CHUNKS)
-    cm = tl.load(m_ptr + row * n_chunks + c, mask=c < n_chunks, other=-float("inf"))
-    cs = tl.load(s_ptr + row * n_chunks + c, mask=c < n_chunks, other=0.0)
-    row_max = tl.max(cm, axis=0)
-    inv = 1.0 / tl.sum(cs * tl.exp(cm - row_max), axis=0)
-    lanes = tl.arange(0, BLOCK)
-    for t in range(0, CHUNK // BLOCK):
-        cols = chunk * CHUNK + t * BLOCK + lanes
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        tl.store(y_ptr + row * stride + cols, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=mask)
+def _split_configs() -> list[triton.Config]:
+    return [triton.Config({"CHUNK": c}, num_warps=w) for c in (2048, 4096, 8192, 16384) for w in (4, 8, 16)]
 
 
-ONLINE_BLOCK = 4096
-SPLIT_CHUNK = 16384
+def _prune_split(configs, named_args, **kwargs):
+    # Keep 8-64 elements per thread, and no more chunks in a row than SMs: one program fits on every
+    # SM, so a row's programs can always be resident together.
+    n_cols, sms = named_args["n_cols"], _sm_count(named_args["x_ptr"].device)
+    kept = [c for c in configs if 8 <= c.kwargs["CHUNK"] // (32 * c.num_warps) <= 64
+            and triton.cdiv(n_cols, c.kwargs["CHUNK"]) <= sms]
+    return kept or configs[-1:]
 
-_online_row_tuned = triton.autotune(
-    [triton.Config({"BLOCK": b, "PER_SM": p}, num_warps=w) for b in (4096, 8192) for w in (8, 16) for p in (1, 2, 4, 64)],
-    key=["n_cols", "n_rows"])(_online_row_kernel)
+
+_split_row_tuned = triton.heuristics(
+    {"MAX_CHUNKS": lambda a: triton.next_power_of_2(triton.cdiv(a["n_cols"], a["CHUNK"]))})(_split_row_kernel)
+_split_row_tuned = triton.autotune(_split_configs(), key=["n_cols", "n_rows"],
+                                   prune_configs_by={"early_config_prune": _prune_split})(_split_row_tuned)
+
+SPLIT_ABOVE = 16384
+"""triton_online splits rows longer than this across programs; shorter rows take the one-pass kernel."""
+
+INTERPRETER_CHUNK = 1024
+"""Chunk under the interpreter: small, so that the tests' rows span several chunks."""
+
+_barriers: dict = {}
+
+
+def _row_barriers(device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # (arrived, generation) per row, zeroed once and left at rest by every launch; one pair per stream,
+    # so that launches on two streams never share a barrier.
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    held = _barriers.get(key)
+    if held is None or held.shape[1] < n_rows:
+        held = _barriers[key] = torch.zeros(2, max(n_rows, 1024), device=device, dtype=torch.int32)
+    return held[0], held[1]
 
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: any small number exercises the split path
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def triton_online(x: torch.Tensor) -> torch.Tensor:
-    """Any row length: one pass when the row fits, online two-sweep per row, or split rows when few."""
+    """Any row length: one pass when the row fits one program, else the row split across programs."""
     n_rows, n_cols = x.shape
-    if n_cols <= MAX_ONEPASS:
+    if n_cols <= SPLIT_ABOVE:
         return triton_onepass(x)
     x = x.contiguous()
     y = torch.empty_like(x)
-    sms = _sm_count(x.device)
-    if n_rows >= 2 * sms:
-        # Rows in flight = programs x row bytes: fewer programs per SM keep sweep 2's re-read in L2,
-        # more keep more bytes in flight. Measured on an H200, neither fixed choice won at every row
-        # length, so the programs per SM, the tile and the warps are autotuned per shape.
-        if INTERPRETED:
-            _online_row_kernel[(min(n_rows, sms),)](x, y, n_rows, n_cols, x.stride(0), BLOCK=ONLINE_BLOCK, PER_SM=1)
-            return y
-        grid = lambda meta: (min(n_rows, meta["PER_SM"] * sms),)  # noqa: E731
-        _online_row_tuned[grid](x, y, n_rows, n_cols, x.stride(0))
+    if INTERPRETED:
+        chunk = INTERPRETER_CHUNK
+        n_chunks = triton.cdiv(n_cols, chunk)
+        m = torch.empty(n_rows * n_chunks, device=x.device, dtype=torch.float32)
+        s = torch.empty_like(m)
+        for phase in (1, 2):
+            _split_row_kernel[(n_rows * n_chunks,)](x, y, m, s, m, m, n_rows, n_cols, x.stride(0), CHUNK=chunk,
+                                                    MAX_CHUNKS=triton.next_power_of_2(n_chunks), PHASE=phase)
         return y
-    # Too few rows to fill the machine: split each row into chunks, two launches; the re-read hits L2.
-    n_chunks = triton.cdiv(n_cols, SPLIT_CHUNK)
-    m = torch.empty(n_rows, n_chunks, device=x.device, dtype=torch.float32)
+    sms = _sm_count(x.device)
+    if n_cols > 16384 * sms:
+        raise NotImplementedError(f"rows over {16384 * sms} columns need more chunks than SMs; got {n_cols}")
+    m = torch.empty(n_rows * triton.cdiv(n_cols, 2048), device=x.device, dtype=torch.float32)
     s = torch.empty_like(m)
-    grid = (n_rows, n_chunks)
-    _chunk_stats_kernel[grid](x, m, s, n_cols, x.stride(0), n_chunks, CHUNK=SPLIT_CHUNK, BLOCK=2048, num_warps=8)
-    _chunk_normalize_kernel[grid](x, y, m, s, n_cols, x.stride(0), n_chunks, CHUNK=SPLIT_CHUNK, BLOCK=2048,
-                                  MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=8)
+    arrived, generation = _row_barriers(x.device, n_rows)
+    grid = lambda meta: (n_rows * triton.cdiv(n_cols, meta["CHUNK"]),)  # noqa: E731
+    _split_row_tuned[grid](x, y, m, s, arrived, generation, n_rows, n_cols, x.stride(0), PHASE=0)
     return y
 
 

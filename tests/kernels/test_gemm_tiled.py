@@ -97,7 +97,12 @@ SM90_COMPILE = textwrap.dedent("""
         fn = jit(kernel)
         consts = {**consts, **cfg.kwargs}
         consts = {k: v for k, v in consts.items() if k in fn.arg_names}
-        sig = {n: ("*bf16" if n.endswith("_ptr") else "constexpr" if n in consts else "i32") for n in fn.arg_names}
+        blocks = {"a_desc": ("BLOCK_M", "BLOCK_K"), "b_desc": ("BLOCK_K", "BLOCK_N"), "c_desc": ("BLOCK_M", "BLOCK_N")}
+        def ty(n):
+            if n in blocks:  # a host-side TMA descriptor, typed by its block shape
+                return "tensordesc<bf16[%d, %d]>" % tuple(consts[b] for b in blocks[n])
+            return "*bf16" if n.endswith("_ptr") else "constexpr" if n in consts else "i32"
+        sig = {n: ty(n) for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n] != "constexpr"}
         ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                             target=GPUTarget("cuda", 90, 64),

@@ -1,6 +1,7 @@
 """softmax_fusion: every CPU-checkable variant against the float64 softmax at awkward shapes (Triton through
-the interpreter), through casebook.check as `casebook run` checks them; the three paths of triton_online;
-the traffic model.
+the interpreter), through casebook.check as `casebook run` checks them; the two paths of triton_online and
+its row barrier; the traffic model. The barrier's wait across programs needs programs that run at the same
+time, which the interpreter's do not: `test_softmax_fusion_gpu.py` checks that on a GPU.
 
 Shapes: rows 1, 37, 199 and columns 1, 760, 1128, 65537 (one element, under and over a power of two, a
 vocabulary-sized row one past 64K), each row count and each column count in every dtype for every variant.
@@ -38,8 +39,7 @@ SHAPES = {
     "torch_softmax": [(r, c) for r in ROWS for c in COLS if (r, c) != (199, 65537)],
     "triton_onepass": [(1, 1), (37, 1128), (199, 760)],  # 65537: refused, below
     "triton_online": [(1, 1), (37, 760), (199, 1128),  # one pass
-                      (1, 65537),  # split rows: fewer than 2 x SMs rows
-                      (37, 65537)],  # persistent online row kernel
+                      (1, 65537), (37, 65537)],  # rows split over 65 chunks (the last one column)
 }
 CASES = [(fn, r, c, d) for fn in SHAPES for (r, c) in SHAPES[fn] for d in DTYPES]
 
@@ -86,7 +86,7 @@ def test_one_column_is_all_ones():
         assert torch.equal(getattr(mod, fn)(x), torch.ones_like(x)), fn
 
 
-# --- the three paths of triton_online ---------------------------------------------------------------
+# --- the two paths of triton_online, and its row barrier ---------------------------------------------
 
 
 class Spy:
@@ -103,27 +103,39 @@ class Spy:
 @pytest.fixture
 def launches(monkeypatch) -> list:
     seen: list = []
-    for name in ("_onepass_kernel", "_online_row_kernel", "_chunk_stats_kernel", "_chunk_normalize_kernel"):
+    for name in ("_onepass_kernel", "_split_row_kernel"):
         monkeypatch.setattr(mod, name, Spy(name, getattr(mod, name), seen))
     return seen
 
 
-SMS = mod._sm_count(torch.device("cpu"))
-LONG = mod.MAX_ONEPASS + 1
+LONG = mod.SPLIT_ABOVE + 1
+CHUNKS = -(-LONG // mod.INTERPRETER_CHUNK)
 
 
 @pytest.mark.skipif(not mod.INTERPRETED, reason="the interpreter launches untuned kernels; compiled, the autotuners do")
 @pytest.mark.parametrize("rows, cols, expected", [
-    (37, mod.MAX_ONEPASS, [("_onepass_kernel", (19,))]),  # the row fits: one pass, 2 rows per program
-    (2 * SMS, LONG, [("_online_row_kernel", (SMS,))]),  # enough rows for every SM: persistent row kernel
-    (2 * SMS - 1, LONG, [("_chunk_stats_kernel", (2 * SMS - 1, 3)),  # too few: split each row in 3 chunks
-                         ("_chunk_normalize_kernel", (2 * SMS - 1, 3))]),
-], ids=["one-pass", "persistent", "split"])
+    (37, mod.SPLIT_ABOVE, [("_onepass_kernel", (19,))]),  # the row fits: one pass, 2 rows per program
+    (3, LONG, [("_split_row_kernel", (3 * CHUNKS,))] * 2),  # split: statistics, then normalise
+], ids=["one-pass", "split"])
 def test_online_path(launches, rows, cols, expected):
-    assert SMS == 4, "the interpreter pretends to have 4 SMs"
     c = run_check("triton_online", rows, cols, "bf16", seed_list=[rows])
     assert c.correct, c.error
     assert launches == expected
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (5, 1000), (3, 1024)])
+def test_row_barrier_in_one_launch(rows, cols):
+    """PHASE 0, the GPU's path, with one program per row: the barrier's last-arriver branch resets the
+    count and moves the generation, so that the next launch finds every barrier at rest."""
+    x = mod.make_inputs({"rows": rows, "cols": cols}, torch.float32, "cpu", torch.Generator().manual_seed(rows))["x"]
+    y = torch.full_like(x, float("nan"))
+    m, s = torch.empty(rows), torch.empty(rows)
+    arrived, generation = torch.zeros(rows, dtype=torch.int32), torch.full((rows,), 7, dtype=torch.int32)
+    for launch in (1, 2):
+        mod._split_row_kernel[(rows,)](x, y, m, s, arrived, generation, rows, cols, x.stride(0),
+                                       CHUNK=1024, MAX_CHUNKS=1, PHASE=0)
+        torch.testing.assert_close(y, torch.softmax(x, dim=-1))
+        assert arrived.tolist() == [0] * rows and generation.tolist() == [7 + launch] * rows
 
 
 # --- the traffic model ------------------------------------------------------------------------------

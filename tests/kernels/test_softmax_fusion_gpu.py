@@ -1,0 +1,45 @@
+"""softmax_fusion on a GPU: triton_online's rows split over programs that wait for each other at a row
+barrier, which only a real GPU runs (the interpreter runs programs one after another). Skipped elsewhere;
+run on a GPU without TRITON_INTERPRET: `python3 -m pytest -q tests/kernels/test_softmax_fusion_gpu.py`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs a GPU, not the interpreter")
+
+ROWS = (1, 37, 199)
+COLS = (16385, 65537, 262144, 300001)
+
+
+@pytest.fixture(scope="module")
+def mod():
+    from casebook.kernels import softmax_fusion
+    return softmax_fusion
+
+
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_split_rows_match_reference(mod, rows, cols, dtype):
+    from casebook.check import TOLERANCE, check
+    c = check(mod.triton_online, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
+              [rows * 1000 + cols, rows * 1000 + cols + 1])
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype]
+
+
+def test_barriers_are_at_rest_after_many_launches(mod):
+    """Every launch leaves each row's arrival count at 0 and moves its generation by one."""
+    x = torch.randn(300, 40000, device="cuda")
+    for _ in range(50):
+        y = mod.triton_online(x)
+    torch.testing.assert_close(y, torch.softmax(x, dim=-1))
+    torch.cuda.synchronize()
+    arrived, generation = mod._row_barriers(x.device, 300)
+    assert int(arrived[:300].abs().sum()) == 0
+    assert len(set(generation[:300].tolist())) == 1
