@@ -4,9 +4,10 @@
 # a checkpoint per variant so a call cut short still returns what it measured.
 #
 # Run on the device from the repository root, after the wheel install line:
-#   bash benchmarks/gpu_session.sh softmax     # full softmax ladder + ncu counters + do_bench cross-check
+#   bash benchmarks/gpu_session.sh softmax     # GPU-only tests, full softmax ladder + ncu counters,
+#                                              # a second run (run-to-run agreement), copy references
 #   bash benchmarks/gpu_session.sh gemm        # gemm_tiled and gemm_epilogue
-#   bash benchmarks/gpu_session.sh grouped     # gemm_grouped, then softmax again (run-to-run agreement)
+#   bash benchmarks/gpu_session.sh grouped     # gemm_grouped
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -23,19 +24,21 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
 }
 
 case "${1:-}" in
-  softmax)
-    run_case softmax_fusion 480 --counters
-    timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/dobench.json" > "$out/logs/dobench.txt" 2>&1
-    tail -6 "$out/logs/dobench.txt" ;;
-  gemm)
-    run_case gemm_tiled 280
-    run_case gemm_epilogue 280 ;;
-  grouped)
-    run_case gemm_grouped 280
+  softmax)  # the GPU-only barrier test, the full ladder with counters, then a second run for run-to-run
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
+    run_case softmax_fusion 330 --counters
     mkdir -p "$out/rerun"
-    timeout 260 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
-      > "$out/logs/softmax_rerun.txt" 2>&1
-    echo "softmax rerun: exit $?" ;;
+    timeout 170 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" --variant eager \
+      --variant torch_softmax --variant triton_onepass --variant triton_online > "$out/logs/softmax_rerun.txt" 2>&1
+    echo "softmax rerun: exit $?"
+    timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
+    cat "$out/logs/copy.txt" ;;
+  gemm)
+    run_case gemm_tiled 300
+    run_case gemm_epilogue 240 ;;
+  grouped)
+    run_case gemm_grouped 280 ;;
   *) echo "usage: $0 softmax|gemm|grouped" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)

@@ -6,7 +6,7 @@ Three schedules of the same tile computation, simplest first:
   tiled            one program per BLOCK_M x BLOCK_N tile of C; tiles launched in GROUP_M-row bands
                    (the "grouped" order of Triton tutorial 03) so that the programs resident at one
                    time share A row-panels and B column-panels in L2
-  persistent       one program per SM, each walking tiles tile_id, tile_id + NUM_SMS, ... in the same
+  persistent       one (or two) programs per SM, each walking tiles tile_id, tile_id + programs, ... in the same
                    grouped order: no tail of short-lived programs, and the next tile's loads overlap
                    this tile's epilogue (tutorial 09)
   tma_persistent   the persistent schedule with tiles moved by the Hopper tensor memory accelerator
@@ -42,12 +42,18 @@ INTERPRETER_SMS = 3
 """Programs of a persistent grid under the interpreter: odd, so that programs get unequal tile counts."""
 
 
-def _configs(gpu: list[tuple[int, int, int, int, int]], group_m: int = 8, pre_hook=None) -> list[triton.Config]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) tuples; one tiny config under the interpreter."""
+def _configs(gpu: list[tuple], group_m: int = 8, pre_hook=None, persistent: bool = False) -> list[triton.Config]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps[, PER_SM]) tuples; one tiny config under the
+    interpreter. Persistent schedules also get PER_SM, the programs per SM (default 1)."""
     if INTERPRET:
         gpu, group_m = [(32, 16, 16, 1, 4)], 2
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
-                          num_stages=s, num_warps=w, pre_hook=pre_hook) for bm, bn, bk, s, w in gpu]
+    configs = []
+    for bm, bn, bk, s, w, *per_sm in gpu:
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
+        if persistent:
+            meta["PER_SM"] = per_sm[0] if per_sm else 1
+        configs.append(triton.Config(meta, num_stages=s, num_warps=w, pre_hook=pre_hook))
+    return configs
 
 
 def _set_tma_blocks(nargs: dict) -> None:
@@ -69,13 +75,17 @@ TILED_CONFIGS = _configs([
     (64, 256, 64, 4, 4),
     (64, 128, 64, 4, 4),  # few, small tiles: thin problems that would leave SMs idle with 128x256
 ])
+# Two programs per SM (the last entries): one program's epilogue runs while the other's main loop
+# keeps the tensor cores busy, the overlap a warp-specialised kernel would build by hand.
 PERSISTENT_CONFIGS = _configs([
     (128, 256, 64, 3, 8),
     (128, 128, 64, 4, 8),
     (128, 128, 64, 4, 4),
     (128, 128, 128, 3, 8),
     (64, 128, 64, 4, 4),
-])
+    (128, 128, 64, 3, 8, 2),
+    (128, 128, 64, 3, 4, 2),
+], persistent=True)
 # TMA store keeps the C tile in shared memory too: 128x256 bf16 is 64 KB on top of the stages.
 TMA_CONFIGS = _configs([
     (128, 256, 64, 3, 8),
@@ -83,7 +93,9 @@ TMA_CONFIGS = _configs([
     (128, 128, 64, 4, 4),
     (128, 128, 128, 3, 8),
     (64, 128, 64, 4, 4),
-], pre_hook=_set_tma_blocks)
+    (128, 128, 64, 3, 8, 2),
+    (128, 128, 64, 3, 4, 2),
+], pre_hook=_set_tma_blocks, persistent=True)
 
 KEY = ["M", "N", "K", "HAS_BIAS", "GELU"]
 _EVEN_K = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
@@ -163,7 +175,7 @@ def _tiled_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
-# --- schedule 2: one program per SM, same grouped order ------------------------------------------
+# --- schedule 2: one or two programs per SM, same grouped order -----------------------------------
 
 
 @triton.autotune(configs=PERSISTENT_CONFIGS, key=KEY)
@@ -172,10 +184,11 @@ def _tiled_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
 def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                        HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                       NUM_SMS: tl.constexpr,
+                       NUM_SMS: tl.constexpr, PER_SM: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     start = tl.program_id(0)
+    NUM_PROGRAMS: tl.constexpr = NUM_SMS * PER_SM
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -183,8 +196,8 @@ def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     offs_k_base = tl.arange(0, BLOCK_K)
     # A second tile counter for the epilogue (as in tutorial 09): with flatten=True the compiler
     # pipelines across tiles, and keeping prologue and epilogue values apart keeps that legal.
-    tile_id_c = start - NUM_SMS
-    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+    tile_id_c = start - NUM_PROGRAMS
+    for tile_id in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -202,7 +215,7 @@ def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
                 a = tl.load(a_ptrs, mask=offs_k_base[None, :] < K - kt * BLOCK_K, other=0.0)
                 b = tl.load(b_ptrs, mask=offs_k_base[:, None] < K - kt * BLOCK_K, other=0.0)
             acc = _mma(a, b, acc, UPCAST_DOT)
-        tile_id_c += NUM_SMS
+        tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -218,7 +231,7 @@ def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
 @triton.jit
 def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                            HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                           NUM_SMS: tl.constexpr,
+                           NUM_SMS: tl.constexpr, PER_SM: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            GROUP_M: tl.constexpr):
     # The descriptors carry shape and strides: TMA zero-fills reads past the edge and clips writes,
@@ -228,15 +241,16 @@ def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    tile_id_c = start - NUM_SMS
-    for tile_id in tl.range(start, num_tiles, NUM_SMS, flatten=True):
+    NUM_PROGRAMS: tl.constexpr = NUM_SMS * PER_SM
+    tile_id_c = start - NUM_PROGRAMS
+    for tile_id in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
             acc = _mma(a, b, acc, UPCAST_DOT)
-        tile_id_c += NUM_SMS
+        tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
@@ -306,7 +320,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, g
     if schedule == "tma_persistent" and tma_supported(a, b, c):
         sms = num_sms(a)
         descs = [TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c)]  # blocks set per config
-        grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        grid = lambda meta: (min(sms * meta["PER_SM"], triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
         _tma_persistent_kernel[grid](*descs, bias_arg, M, N, K, NUM_SMS=sms, **flags)
         return c
     args = (a, b, c, bias_arg, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
@@ -315,7 +329,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, g
         _tiled_kernel[grid](*args, **flags)
     elif schedule in ("persistent", "tma_persistent"):
         sms = num_sms(a)
-        grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        grid = lambda meta: (min(sms * meta["PER_SM"], triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
         _persistent_kernel[grid](*args, NUM_SMS=sms, **flags)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")

@@ -74,7 +74,7 @@ def triton_tiled(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def triton_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """NUM_SMS programs, each looping over tiles tile_id += NUM_SMS in the grouped order."""
+    """One or two programs per SM (autotuned), each looping over tiles in the grouped order."""
     return gemm_common.matmul(a, b, schedule="persistent")
 
 

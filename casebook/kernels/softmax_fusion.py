@@ -153,25 +153,25 @@ def triton_onepass(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _row_barrier(arrived_ptr, generation_ptr, n_programs):
-    # A sense-reversing barrier for the programs of one row. The last to arrive resets the count and
-    # bumps the generation; the others spin until the generation moves. All of a row's programs are
-    # resident together (see `_max_chunks`), so the spin always ends.
+def _row_barrier(barrier_ptr, n_programs):
+    # One int32 word per row: arrivals in the low 16 bits, a generation above them. Arriving is one
+    # atomic that also tells this program the generation; the last to arrive adds 2**16 - n, which
+    # bumps the generation and zeroes the count in one step; the others spin until the generation
+    # moves. All of a row's programs are resident together (see `_prune_split`): the spin ends.
     tl.debug_barrier()  # every thread's statistics are stored before this program arrives
-    generation = tl.atomic_add(generation_ptr, 0, sem="acquire")
-    ticket = tl.atomic_add(arrived_ptr, 1, sem="acq_rel")
-    if ticket == n_programs - 1:
-        tl.atomic_xchg(arrived_ptr, 0, sem="relaxed")
-        tl.atomic_add(generation_ptr, 1, sem="release")
+    ticket = tl.atomic_add(barrier_ptr, 1, sem="acq_rel")
+    generation = ticket >> 16
+    if (ticket & 0xFFFF) == n_programs - 1:
+        tl.atomic_add(barrier_ptr, 65536 - n_programs, sem="release")
     else:
         seen = generation
         while seen == generation:
-            seen = tl.atomic_add(generation_ptr, 0, sem="acquire")
+            seen = tl.atomic_add(barrier_ptr, 0, sem="acquire") >> 16
     tl.debug_barrier()
 
 
 @triton.jit
-def _split_row_kernel(x_ptr, y_ptr, m_ptr, s_ptr, arrived_ptr, generation_ptr, n_rows, n_cols, stride,
+def _split_row_kernel(x_ptr, y_ptr, m_ptr, s_ptr, barrier_ptr, n_rows, n_cols, stride,
                       CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr):
     # The programs of a row each hold one CHUNK of it in registers. PHASE 0 (the GPU): chunk max and
     # sum, exchanged through a row barrier, then normalise from registers: one read, one write.
@@ -191,7 +191,7 @@ def _split_row_kernel(x_ptr, y_ptr, m_ptr, s_ptr, arrived_ptr, generation_ptr, n
         tl.store(m_ptr + stats + chunk, chunk_max)
         tl.store(s_ptr + stats + chunk, tl.sum(e, axis=0))
     if PHASE == 0:
-        _row_barrier(arrived_ptr + row, generation_ptr + row, n_chunks)
+        _row_barrier(barrier_ptr + row, n_chunks)
     if PHASE != 1:
         c = tl.arange(0, MAX_CHUNKS)
         # .cg: read at L2, where the other programs' statistics are, never a stale L1 line.
@@ -229,14 +229,14 @@ INTERPRETER_CHUNK = 1024
 _barriers: dict = {}
 
 
-def _row_barriers(device: torch.device, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # (arrived, generation) per row, zeroed once and left at rest by every launch; one pair per stream,
-    # so that launches on two streams never share a barrier.
+def _row_barriers(device: torch.device, n_rows: int) -> torch.Tensor:
+    # One word per row, zeroed once and left with a zero count by every launch; one array per stream,
+    # so that launches on two streams never share a barrier. The generation wraps harmlessly.
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
     held = _barriers.get(key)
-    if held is None or held.shape[1] < n_rows:
-        held = _barriers[key] = torch.zeros(2, max(n_rows, 1024), device=device, dtype=torch.int32)
-    return held[0], held[1]
+    if held is None or held.numel() < n_rows:
+        held = _barriers[key] = torch.zeros(max(n_rows, 1024), device=device, dtype=torch.int32)
+    return held
 
 
 @functools.cache
@@ -257,7 +257,7 @@ def triton_online(x: torch.Tensor) -> torch.Tensor:
         m = torch.empty(n_rows * n_chunks, device=x.device, dtype=torch.float32)
         s = torch.empty_like(m)
         for phase in (1, 2):
-            _split_row_kernel[(n_rows * n_chunks,)](x, y, m, s, m, m, n_rows, n_cols, x.stride(0), CHUNK=chunk,
+            _split_row_kernel[(n_rows * n_chunks,)](x, y, m, s, m, n_rows, n_cols, x.stride(0), CHUNK=chunk,
                                                     MAX_CHUNKS=triton.next_power_of_2(n_chunks), PHASE=phase)
         return y
     sms = _sm_count(x.device)
@@ -265,9 +265,9 @@ def triton_online(x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"rows over {16384 * sms} columns need more chunks than SMs; got {n_cols}")
     m = torch.empty(n_rows * triton.cdiv(n_cols, 2048), device=x.device, dtype=torch.float32)
     s = torch.empty_like(m)
-    arrived, generation = _row_barriers(x.device, n_rows)
+    barriers = _row_barriers(x.device, n_rows)
     grid = lambda meta: (n_rows * triton.cdiv(n_cols, meta["CHUNK"]),)  # noqa: E731
-    _split_row_tuned[grid](x, y, m, s, arrived, generation, n_rows, n_cols, x.stride(0), PHASE=0)
+    _split_row_tuned[grid](x, y, m, s, barriers, n_rows, n_cols, x.stride(0), PHASE=0)
     return y
 
 

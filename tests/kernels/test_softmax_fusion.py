@@ -125,17 +125,16 @@ def test_online_path(launches, rows, cols, expected):
 
 @pytest.mark.parametrize("rows, cols", [(1, 1), (5, 1000), (3, 1024)])
 def test_row_barrier_in_one_launch(rows, cols):
-    """PHASE 0, the GPU's path, with one program per row: the barrier's last-arriver branch resets the
-    count and moves the generation, so that the next launch finds every barrier at rest."""
+    """PHASE 0, the GPU's path, with one program per row: the last (only) arriver zeroes the count and
+    moves the generation, so that the next launch finds every barrier at rest."""
     x = mod.make_inputs({"rows": rows, "cols": cols}, torch.float32, "cpu", torch.Generator().manual_seed(rows))["x"]
     y = torch.full_like(x, float("nan"))
     m, s = torch.empty(rows), torch.empty(rows)
-    arrived, generation = torch.zeros(rows, dtype=torch.int32), torch.full((rows,), 7, dtype=torch.int32)
+    barriers = torch.full((rows,), 7 << 16, dtype=torch.int32)  # generation 7, nobody arrived
     for launch in (1, 2):
-        mod._split_row_kernel[(rows,)](x, y, m, s, arrived, generation, rows, cols, x.stride(0),
-                                       CHUNK=1024, MAX_CHUNKS=1, PHASE=0)
+        mod._split_row_kernel[(rows,)](x, y, m, s, barriers, rows, cols, x.stride(0), CHUNK=1024, MAX_CHUNKS=1, PHASE=0)
         torch.testing.assert_close(y, torch.softmax(x, dim=-1))
-        assert arrived.tolist() == [0] * rows and generation.tolist() == [7 + launch] * rows
+        assert barriers.tolist() == [(7 + launch) << 16] * rows
 
 
 # --- the traffic model ------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU, not the interpreter")
 
-ROWS = (1, 37, 199)
-COLS = (16385, 65537, 262144, 300001)
+ROWS = (1, 199)
+COLS = (16385, 65537, 300001)  # one past the one-pass limit, one past 64K, past 256K (37 chunks of 8K)
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +34,14 @@ def test_split_rows_match_reference(mod, rows, cols, dtype):
 
 
 def test_barriers_are_at_rest_after_many_launches(mod):
-    """Every launch leaves each row's arrival count at 0 and moves its generation by one."""
+    """Every launch leaves each row's arrival count at 0 and moves its generation by exactly one."""
     x = torch.randn(300, 40000, device="cuda")
+    mod.triton_online(x)  # autotune outside the count
+    barriers = mod._row_barriers(x.device, 300)
+    before = barriers[:300].clone()
     for _ in range(50):
         y = mod.triton_online(x)
     torch.testing.assert_close(y, torch.softmax(x, dim=-1))
-    torch.cuda.synchronize()
-    arrived, generation = mod._row_barriers(x.device, 300)
-    assert int(arrived[:300].abs().sum()) == 0
-    assert len(set(generation[:300].tolist())) == 1
+    after = barriers[:300]
+    assert int((after & 0xFFFF).abs().sum()) == 0
+    assert ((after >> 16) - (before >> 16)).tolist() == [50] * 300
