@@ -6,7 +6,7 @@
 # Run on the device from the repository root, after the wheel install line:
 #   bash benchmarks/gpu_session.sh softmax     # GPU-only tests, full softmax ladder + ncu counters,
 #                                              # a second run (run-to-run agreement), copy references
-#   bash benchmarks/gpu_session.sh gemm        # gemm_tiled and gemm_epilogue
+#   bash benchmarks/gpu_session.sh gemm        # all three GEMM cases
 #   bash benchmarks/gpu_session.sh grouped     # gemm_grouped
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
 set -uo pipefail
@@ -35,8 +35,9 @@ case "${1:-}" in
     timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
     cat "$out/logs/copy.txt" ;;
   gemm)
-    run_case gemm_tiled 300
-    run_case gemm_epilogue 240 ;;
+    run_case gemm_grouped 90
+    run_case gemm_epilogue 210
+    run_case gemm_tiled 250 ;;
   grouped)
     run_case gemm_grouped 280 ;;
   *) echo "usage: $0 softmax|gemm|grouped" >&2; exit 2 ;;
