@@ -130,11 +130,12 @@ def test_row_barrier_in_one_launch(rows, cols):
     x = mod.make_inputs({"rows": rows, "cols": cols}, torch.float32, "cpu", torch.Generator().manual_seed(rows))["x"]
     y = torch.full_like(x, float("nan"))
     m, s = torch.empty(rows), torch.empty(rows)
-    barriers = torch.full((rows,), 7 << 16, dtype=torch.int32)  # generation 7, nobody arrived
+    barriers = torch.full((32 * rows,), 7 << 16, dtype=torch.int32)  # generation 7, nobody arrived
     for launch in (1, 2):
         mod._split_row_kernel[(rows,)](x, y, m, s, barriers, rows, cols, x.stride(0), CHUNK=1024, MAX_CHUNKS=1, PHASE=0)
         torch.testing.assert_close(y, torch.softmax(x, dim=-1))
-        assert barriers.tolist() == [(7 + launch) << 16] * rows
+        assert barriers[::32].tolist() == [(7 + launch) << 16] * rows  # one word per 128-byte line
+        assert barriers.view(rows, 32)[:, 1:].eq(7 << 16).all()  # the rest of each line untouched
 
 
 # --- the traffic model ------------------------------------------------------------------------------
