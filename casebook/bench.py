@@ -36,6 +36,11 @@ class Protocol:
 
 QUICK = Protocol(warmup_ms=5.0, min_reps=5, max_reps=50, target_rse=0.02, time_cap_s=0.3)
 
+CPU = Protocol(target_rse=0.01, time_cap_s=0.5)
+"""A CPU-only machine's default: each repetition there pays a last-level-cache flush of several ms and
+the median's spread on a shared 2-core machine rarely falls under 0.5%, so the GPU's 1 s cap would be
+spent on every point; half of it keeps 20-50 repetitions per point and a whole case near half a minute."""
+
 
 @dataclass(frozen=True)
 class Timing:

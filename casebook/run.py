@@ -13,7 +13,7 @@ from typing import Callable
 
 from casebook import claims as claims_mod
 from casebook import hardware
-from casebook.bench import QUICK, Protocol
+from casebook.bench import CPU, QUICK, Protocol
 from casebook.check import TOLERANCE
 from casebook.isolate import run_isolated
 from casebook.load import load_case
@@ -90,7 +90,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
            "started": _now(), "ceilings": ceilings or hardware.ceilings(), "env": hardware.environment()}
     run["env"]["clocks_start"] = hardware.clocks()
-    protocol = QUICK if quick else Protocol()
+    protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
 
