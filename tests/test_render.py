@@ -188,7 +188,7 @@ def test_markup_in_a_case_is_shown_as_text_never_run(make_case, tmp_path: Path, 
             f"title: '{EVIL}'",
         "  - operator: layernorm\n": f"  - operator: '<b onmouseover=alert(3)>layernorm</b>'\n",
         "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One reduction per row;",
-        "writeup:\n": "writeup:\n  notes: \"<script>alert(6)</script> [x](javascript:alert(7)) ![p](https://evil.example/p.png)\"\n",
+        "  notes: |\n": "  notes: |\n    <script>alert(6)</script> [x](javascript:alert(7)) ![p](https://evil.example/p.png)\n",
     }, name="xss_case")
     cases = tmp_path / "cases"
     results = copy_results(tmp_path / "results", cases, case_id="softmax_fusion", as_id="xss_case")
