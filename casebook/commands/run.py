@@ -95,6 +95,10 @@ def report(doc: dict) -> None:
               f"launch {m['launch_us']:.1f} us, matmul " +
               ", ".join(f"{k} {v:.1f}" for k, v in m["matmul_tflops"].items()) + " TFLOP/s (measured)")
     out.print(_points_table("Level 1: the single-kernel limit", doc["kernel_level"]))
+    first = [f"{v['name']} {v['first_call_s']:.3g} s (max {v['first_call_s_max']:.3g} s)"
+             for v in doc["variants"] if v.get("first_call_s") is not None]
+    if first:  # JIT, autotuning, compilation: paid once per shape, never inside the medians above
+        out.print("First call per shape (JIT / autotune / compile), first shape and slowest: " + "; ".join(first))
     w = doc["workload_level"]
     out.print(_points_table(f"Level 2: the workload ({w['dtype']})", w["points"], weighted=True))
     s = Table(title="Level 2 summary (weighted over the distribution)", title_justify="left", header_style="bold")
