@@ -254,3 +254,6 @@ def test_the_books_own_cases_and_stored_results_build_strictly(tmp_path: Path, p
     assert build_site(REPO / "cases", REPO / "results", tmp_path / "site", plot_cache) == 0
     for case in (REPO / "cases").glob("*.yaml"):
         assert (tmp_path / "site" / "cases" / case.stem / "index.html").exists()
+    html = words(page(tmp_path / "site", "gemm_grouped"))  # timed on the CPU too: first calls on every machine
+    assert "First call (JIT / autotune / compile, outside every median)" in html
+    assert re.search(r"torch_grouped_mm\s+[0-9.,]+ s \(slowest shape [0-9.,]+ s\)", html)

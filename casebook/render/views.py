@@ -46,6 +46,7 @@ class Machine:
     counters: list[dict] = field(default_factory=list)
     environment: list[tuple[str, str]] = field(default_factory=list)
     protocol: list[tuple[str, str]] = field(default_factory=list)
+    first_calls: list[tuple[str, str]] = field(default_factory=list)
     level2_variants: list[str] = field(default_factory=list)
     claims_held: str = "–"
     hardware_url: str = ""
@@ -107,6 +108,8 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
                    "measured": text.nbytes(c.get("measured_bytes")), "gap": _gap(c)} for c in r.counters]
     m.environment = _items(r.environment)
     m.protocol = _items(r.protocol)
+    m.first_calls = [(v["name"], f"{text.num(v['first_call_s'], 3)} s (slowest shape {text.num(v.get('first_call_s_max'), 3)} s)")
+                     for v in r.variants if isinstance(v.get("first_call_s"), (int, float))]
     return m
 
 
