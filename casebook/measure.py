@@ -55,7 +55,7 @@ def _point(task: Task, mod) -> dict:
 
     import torch
 
-    from casebook.bench import Protocol, time_fn
+    from casebook.bench import Protocol, _sync, time_fn
     from casebook.check import TORCH_DTYPES, check
     from casebook.roofline import FasterThanPhysics, Roofs, place
 
@@ -71,8 +71,7 @@ def _point(task: Task, mod) -> dict:
             return fn(**kw)
         t0 = time.perf_counter()
         y = fn(**kw)
-        if task.device == "cuda":
-            torch.cuda.synchronize()
+        _sync(task.device)
         first_call.append(time.perf_counter() - t0)
         return y
 
