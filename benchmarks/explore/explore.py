@@ -1,10 +1,19 @@
-"""Device exploration for this session (not a casebook run): softmax long-row designs and the TMA GEMM.
-do_bench medians with L2 cleared; correctness against torch.softmax / torch.matmul on each candidate."""
+"""Device exploration of 2026-11-30 (not a casebook run): softmax long-row designs and the TMA GEMM.
+do_bench medians with L2 cleared; correctness against torch.softmax / torch.matmul on each candidate.
+Its output is notes/h200-2026-11-30/explore-softmax-gemm.txt.
+
+The "v1_online" column there is the kernel module as of commit 6e81945; to compare against it again:
+    git show 6e81945:casebook/kernels/softmax_fusion.py > benchmarks/explore/softmax_v1.py
+(without that file the column is skipped). The split kernel is called with today's one-word barrier.
+"""
 import json, sys, time, traceback
 import torch, triton
 from triton.testing import do_bench
 sys.path.insert(0, "benchmarks/explore")
-import softmax_v1 as old
+try:
+    import softmax_v1 as old
+except ImportError:
+    old = None
 from casebook.kernels import softmax_fusion as new, gemm_common as gc
 
 out = {}
@@ -36,23 +45,24 @@ for rows, cols in SHAPES:
     nb = 2 * x.numel() * 2
     k = f"sm {rows}x{cols}"
     try_(k + " torch", lambda: torch.softmax(x, -1), ref, nb)
-    try_(k + " v1_online", lambda: old.triton_online(x), ref, nb)
+    if old is not None:
+        try_(k + " v1_online", lambda: old.triton_online(x), ref, nb)
     try_(k + " new_online", lambda: new.triton_online(x), ref, nb)
     if cols <= 32768:
         try_(k + " onepass", lambda: new.triton_onepass(x), ref, nb)
     if cols >= 8192:
         y = torch.empty_like(x)
         m = torch.empty(rows * triton.cdiv(cols, 2048), device="cuda"); s = torch.empty_like(m)
-        arr, gen = new._row_barriers(x.device, rows)
+        barriers = new._row_barriers(x.device, rows)
         for chunk in (2048, 4096, 8192, 16384):
             for w in (4, 8, 16):
                 if not (8 <= chunk // (32 * w) <= 64) or triton.cdiv(cols, chunk) > sms: continue
                 g = triton.cdiv(cols, chunk)
-                f = lambda: new._split_row_kernel[(rows * g,)](x, y, m, s, arr, gen, rows, cols, x.stride(0), CHUNK=chunk,
-                                                              MAX_CHUNKS=triton.next_power_of_2(g), PHASE=0, num_warps=w) and y
-                def f2(f=f):
-                    f(); return y
-                try_(k + f" split c{chunk} w{w}", f2, ref, nb)
+                def split(chunk=chunk, w=w, g=g):
+                    new._split_row_kernel[(rows * g,)](x, y, m, s, barriers, rows, cols, x.stride(0), CHUNK=chunk,
+                                                       MAX_CHUNKS=triton.next_power_of_2(g), PHASE=0, num_warps=w)
+                    return y
+                try_(k + f" split c{chunk} w{w}", split, ref, nb)
     if cols <= 4096:
         y = torch.empty_like(x)
         for R in (1, 2, 4, 8, 16):
@@ -71,7 +81,7 @@ try:
     out["onepass_tuned"] = {str(k): str(v) for k, v in new._onepass_tuned.cache.items()}
 except Exception: traceback.print_exc()
 
-# GEMM: cuBLAS vs the three schedules, host-descriptor TMA vs the old device-descriptor kernel
+# GEMM: cuBLAS against the three schedules (the TMA one with host-side descriptors)
 for M, N, K in [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (2048, 28672, 4096)]:
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16); b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
     ref = a @ b; fl = 2 * M * N * K; k = f"mm {M}x{N}x{K}"
