@@ -25,9 +25,6 @@ import triton.language as tl
 
 from casebook.traffic import Term, Traffic
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-"""Read once at import, like Triton itself: kernels run on CPU tensors through the interpreter."""
-
 # --- reference, inputs, traffic ----------------------------------------------------------------
 
 
@@ -101,45 +98,23 @@ def torch_compile(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _unpacked(x, salt):
-    # x as fp32, converted afresh from the loaded (packed) values. `salt` is a runtime zero the compiler
-    # cannot prove zero (NaN test of a statistic that depends on the data): XOR-ed into the raw bits,
-    # it makes this conversion differ from every other one of x, so the compiler can neither merge it
-    # with an earlier conversion nor keep fp32 copies alive in its place. Only the packed values stay
-    # live between the passes: two per register in bf16 / fp16, the bytes in flight the loads need.
-    if x.dtype.primitive_bitwidth == 16:
-        bits = x.to(tl.int16, bitcast=True) ^ (salt != salt).to(tl.int16)
-    else:
-        bits = x.to(tl.int32, bitcast=True) ^ (salt != salt).to(tl.int32)
-    return bits.to(x.dtype, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _onepass_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                    HOLD_INPUT: tl.constexpr = False):
-    # ROWS rows per program, each row whole in registers: one read, one write. HOLD_INPUT keeps the
-    # loaded values (two per register in bf16 / fp16) and recomputes exp on the way out, instead of
-    # keeping the fp32 exponentials: half the registers per row, for one more exp per element.
+def _onepass_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # ROWS rows per program, each row whole in registers: one read, one write.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
     mask = (rows < n_rows) & (cols < n_cols)
     offs = rows.to(tl.int64) * stride + cols
-    x = tl.load(x_ptr + offs, mask=mask, other=-float("inf"))
-    if HOLD_INPUT:
-        m = tl.max(x.to(tl.float32), axis=1)[:, None]
-        inv = 1.0 / tl.sum(tl.exp(_unpacked(x, m) - m), axis=1)[:, None]
-        y = tl.exp(_unpacked(x, inv) - m) * inv
-    else:
-        xf = x.to(tl.float32)
-        m = tl.max(xf, axis=1)[:, None]
-        e = tl.exp(xf - m)
-        y = e * (1.0 / tl.sum(e, axis=1)[:, None])
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=1)[:, None]
+    e = tl.exp(x - m)
+    inv = 1.0 / tl.sum(e, axis=1)[:, None]
+    tl.store(y_ptr + offs, (e * inv).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 MAX_ONEPASS = 32768
 """Longest row held whole by one program: 32K fp32 values over 1024 threads is 32 registers each."""
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _onepass_configs() -> list[triton.Config]:
@@ -201,32 +176,24 @@ def _row_barrier(barrier_ptr, n_programs):
 @triton.jit
 def _split_row_kernel(x_ptr, y_ptr, m_ptr, s_ptr, barrier_ptr, n_rows, n_cols, stride,
                       CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr,
-                      HOLD_INPUT: tl.constexpr = False, BARRIER_STRIDE: tl.constexpr = 32):
+                      BARRIER_STRIDE: tl.constexpr = 32):
     # The programs of a row each hold one CHUNK of it in registers. PHASE 0 (the GPU): chunk max and
     # sum, exchanged through a row barrier, then normalise from registers: one read, one write.
     # PHASE 1 then PHASE 2 (two launches, for the interpreter, which runs programs one after another
     # and so cannot wait on a later one): statistics, then re-read, combine and normalise.
-    # HOLD_INPUT: what waits at the barrier is the loaded chunk (packed, in bf16 / fp16), not its fp32
-    # exponentials; exp is recomputed on the way out.
     n_chunks = tl.cdiv(n_cols, CHUNK)
     pid = tl.program_id(0)
     row = (pid // n_chunks).to(tl.int64)
     chunk = pid % n_chunks
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf"))
-    if HOLD_INPUT:
-        chunk_max = tl.max(x.to(tl.float32), axis=0)
-        chunk_sum = tl.sum(tl.exp(_unpacked(x, chunk_max) - chunk_max), axis=0)
-    else:
-        xf = x.to(tl.float32)
-        chunk_max = tl.max(xf, axis=0)
-        e = tl.exp(xf - chunk_max)
-        chunk_sum = tl.sum(e, axis=0)
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    chunk_max = tl.max(x, axis=0)
+    e = tl.exp(x - chunk_max)
     stats = row * n_chunks
     if PHASE != 2:
         tl.store(m_ptr + stats + chunk, chunk_max)
-        tl.store(s_ptr + stats + chunk, chunk_sum)
+        tl.store(s_ptr + stats + chunk, tl.sum(e, axis=0))
     if PHASE == 0:
         _row_barrier(barrier_ptr + row * BARRIER_STRIDE, n_chunks)
     if PHASE != 1:
@@ -236,11 +203,7 @@ def _split_row_kernel(x_ptr, y_ptr, m_ptr, s_ptr, barrier_ptr, n_rows, n_cols, s
         cs = tl.load(s_ptr + stats + c, mask=c < n_chunks, other=0.0, cache_modifier=".cg")
         row_max = tl.max(cm, axis=0)
         scale = tl.exp(chunk_max - row_max) / tl.sum(cs * tl.exp(cm - row_max), axis=0)
-        if HOLD_INPUT:
-            y = tl.exp(_unpacked(x, scale) - chunk_max) * scale
-        else:
-            y = e * scale
-        tl.store(y_ptr + row * stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + row * stride + cols, (e * scale).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _split_configs() -> list[triton.Config]:
