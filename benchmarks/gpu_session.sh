@@ -24,20 +24,25 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
 }
 
 case "${1:-}" in
-  softmax)  # the GPU-only barrier test, the full ladder with counters, then a second run for run-to-run
-    timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+  softmax)  # the GPU-only tests (bf16), the full ladder with counters, a second full run for
+            # run-to-run agreement, copy references
+    timeout 75 python3 -m pytest -q -x -k "bf16 or barriers" tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
-    run_case softmax_fusion 330 --counters
+    run_case softmax_fusion 260 --counters
     mkdir -p "$out/rerun"
-    timeout 170 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" --variant eager \
-      --variant torch_softmax --variant triton_onepass --variant triton_online > "$out/logs/softmax_rerun.txt" 2>&1
+    timeout 220 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+      > "$out/logs/softmax_rerun.txt" 2>&1
     echo "softmax rerun: exit $?"
+    python3 benchmarks/compare_runs.py "$out/results/nvidia-h200/softmax_fusion.json" \
+      "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt"
     timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
     cat "$out/logs/copy.txt" ;;
-  gemm)
-    run_case gemm_grouped 90
-    run_case gemm_epilogue 210
-    run_case gemm_tiled 250 ;;
+  gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
+    run_case gemm_epilogue 250
+    timeout 60 python3 benchmarks/epilogue_cost.py "$out/logs/epilogue_cost.json" > "$out/logs/epilogue_cost.txt" 2>&1
+    cat "$out/logs/epilogue_cost.txt"
+    run_case gemm_grouped 110
+    run_case gemm_tiled 200 ;;
   grouped)
     run_case gemm_grouped 280 ;;
   *) echo "usage: $0 softmax|gemm|grouped" >&2; exit 2 ;;

@@ -87,6 +87,7 @@ def _point(task: Task, mod) -> dict:
     inputs = make_inputs(task.shape, TORCH_DTYPES[task.dtype], task.device, g)
     timing = time_fn(lambda: fn(**inputs), task.device, Protocol(**task.protocol))
     launches = _launches(task, lambda: fn(**inputs))
+    host_us = host_issue_us(lambda: fn(**inputs), task.device)
     del inputs
     # Checked again after timing, on new inputs: a variant that caches its first answer fails here.
     again = check(fn, reference, make_inputs, task.shape, task.dtype, task.device, [task.seed + 3], task.tolerance)
@@ -101,20 +102,41 @@ def _point(task: Task, mod) -> dict:
                launches=launches)
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
                   launch_us=task.roofs["launch_us"])
-    # The launch floor: one launch's latency, then each further kernel at its cost inside a graph. That
-    # is a true lower bound: host overhead past it shows as distance from the roof, not as a new roof.
-    kernels = launches["direct"] + launches["graph"]
-    n_launch = 1 + (kernels - 1) * task.roofs["graph_launch_us"] / task.roofs["launch_us"]
+    n_launch = launch_count(launches, task.roofs)
     try:
-        p = place(traffic.flops, traffic.bytes, n_launch, s.median_us, roofs, spread=(s.median_us - s.p10_us) / s.median_us)
+        p = place(traffic.flops, traffic.bytes, n_launch, s.median_us, roofs,
+                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us)
     except FasterThanPhysics as e:
         return {**out, "status": "failed", "error": str(e)}
     out.update(gbps=p.gbps, tflops=p.tflops, arithmetic_intensity=p.arithmetic_intensity, floor_us=p.floor_us,
                compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
-               launch_floor_us=p.launch_floor_us, roof_fraction=p.roof_fraction, regime=p.regime,
+               launch_floor_us=p.launch_floor_us, host_issue_us=host_us, roof_fraction=p.roof_fraction, regime=p.regime,
                attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
                bandwidth_roof_gbps=roofs.bandwidth_gbps)
     return out
+
+
+def launch_count(launches: dict, roofs: dict) -> float:
+    """The launch floor in units of one launch: one launch's latency, then each further kernel at its
+    cost inside a graph. A true lower bound, whatever issues the kernels: the host's own issue time is
+    measured per variant (`host_issue_us`) and decides the regime, not the gate."""
+    kernels = launches["direct"] + launches["graph"]
+    return 1 + (kernels - 1) * roofs["graph_launch_us"] / roofs["launch_us"]
+
+
+def host_issue_us(call, device: str, repeats: int = 7) -> float:
+    """Median host time to issue one call, from a synchronised start to the call's return (no sync):
+    the CPU's side of a call, which a GPU cannot finish before. Zero on a CPU, where it is the work."""
+    if device != "cuda":
+        return 0.0
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e6)
+    _sync(device)
+    return sorted(times)[len(times) // 2]
 
 
 _launch_counts: dict = {}

@@ -1,6 +1,8 @@
 """The roofline with three roofs: time >= max(FLOPs / peak, bytes / bandwidth, launches x launch cost).
 
-Pure arithmetic on measured ceilings; nothing here touches a device.
+A point is launch-bound where its launch floor is the highest, or where the host needs longer to issue
+the call than any floor allows the GPU (a Python loop of small kernels). Pure arithmetic on measured
+ceilings; nothing here touches a device.
 """
 
 from __future__ import annotations
@@ -58,20 +60,24 @@ def floors_us(flops: float, bytes_moved: float, launches: float, roofs: Roofs) -
 
 
 def place(flops: float, bytes_moved: float, launches: float, median_us: float, roofs: Roofs,
-          spread: float = 0.0) -> Placement:
+          spread: float = 0.0, host_us: float = 0.0) -> Placement:
     """Place a measured median on the roofline; refuse a time that beats physics.
 
     Args:
         spread: the measurement's own relative spread (e.g. (p90 - p10) / median), widening the gate.
+        host_us: the host's time to issue the call. Where it exceeds every floor the point is
+            launch-bound (the host cannot issue the kernels as fast as the GPU runs them). It is not a
+            floor: another launcher could issue faster, so it neither gates nor sets the roof fraction.
     """
     if median_us <= 0:
         raise ValueError(f"median must be positive, got {median_us}")
     f = floors_us(flops, bytes_moved, launches, roofs)
-    regime = max(f, key=f.get)
-    floor = f[regime]
+    floor_regime = max(f, key=f.get)
+    floor = f[floor_regime]
+    regime = "launch" if host_us > floor else floor_regime
     if median_us < floor * (1 - PHYSICS_MARGIN - spread):
         raise FasterThanPhysics(
-            f"faster than physics: {median_us:.2f} us is under the {regime} floor of {floor:.2f} us "
+            f"faster than physics: {median_us:.2f} us is under the {floor_regime} floor of {floor:.2f} us "
             f"({flops:.3g} FLOP, {bytes_moved:.3g} B, {launches:g} launches): "
             "the byte or FLOP model, or the timing, is wrong"
         )

@@ -414,6 +414,8 @@ class Point(Open):
     floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, microseconds.")
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof reached.")
     regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or launch.")
+    host_issue_us: float | None = Field(
+        default=None, description="Host time to issue one call (GPU only); above every floor it makes the point launch-bound.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
     error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
 

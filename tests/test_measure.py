@@ -113,3 +113,18 @@ def test_end_to_end(payloads):
     assert p["status"] == "ok", p
     assert p["scenario_us"] > 0 and p["kernel_us"] > 0 and p["scenario_p10_us"] <= p["scenario_p90_us"]
     assert len(p["fingerprint"]) == 8 * 50 and p["fingerprint"][49] == pytest.approx(1.0)  # cumsum of a row of probabilities
+
+
+def test_launch_floor_is_one_launch_then_in_graph_costs():
+    from casebook.measure import launch_count
+
+    roofs = {"launch_us": 6.0, "graph_launch_us": 0.75}
+    assert launch_count({"direct": 1, "graph": 0}, roofs) == 1
+    assert launch_count({"direct": 64, "graph": 0}, roofs) == pytest.approx(1 + 63 * 0.125)
+    assert launch_count({"direct": 0, "graph": 64}, roofs) == pytest.approx(1 + 63 * 0.125)
+
+
+def test_host_issue_time_is_zero_on_a_cpu_where_it_is_the_work():
+    from casebook.measure import host_issue_us
+
+    assert host_issue_us(lambda: sum(range(10**5)), "cpu") == 0.0

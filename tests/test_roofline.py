@@ -103,3 +103,14 @@ def test_gate_holds_for_every_roof(flops, bytes_moved, launches, regime):
     floor = floors_us(flops, bytes_moved, launches, ROOFS)[regime]
     with pytest.raises(FasterThanPhysics, match=f"{regime} floor"):
         place(flops, bytes_moved, launches, floor / 2, ROOFS)
+
+
+def test_a_host_slower_than_every_floor_makes_the_point_launch_bound():
+    # A Python loop of small GEMMs: 2 ms to issue against a 50 us bandwidth floor. Launch-bound, but the
+    # host time is no floor: the roof fraction and the gate stay on the hardware floors.
+    p = place(flops=5e8, bytes_moved=5e7, launches=1, median_us=2100.0, roofs=ROOFS, host_us=2000.0)
+    assert p.regime == "launch"
+    assert p.floor_us == pytest.approx(50.0) and p.roof_fraction == pytest.approx(50.0 / 2100.0)
+    assert place(flops=5e8, bytes_moved=5e7, launches=1, median_us=100.0, roofs=ROOFS, host_us=20.0).regime == "bandwidth"
+    with pytest.raises(FasterThanPhysics):  # a host time never excuses a time under the hardware floor
+        place(flops=5e8, bytes_moved=5e7, launches=1, median_us=10.0, roofs=ROOFS, host_us=2000.0)
