@@ -6,6 +6,7 @@ Runs inside `isolate.run_isolated`; imports the case's kernel module, which vali
 from __future__ import annotations
 
 import importlib
+import time
 from dataclasses import dataclass, field
 
 KERNELS_PACKAGE = "casebook.kernels"
@@ -51,8 +52,6 @@ def work(task: Task) -> dict:
 
 
 def _point(task: Task, mod) -> dict:
-    import time
-
     import torch
 
     from casebook.bench import Protocol, _sync, time_fn
@@ -129,6 +128,8 @@ def host_issue_us(call, device: str, repeats: int = 7) -> float:
     the CPU's side of a call, which a GPU cannot finish before. Zero on a CPU, where it is the work."""
     if device != "cuda":
         return 0.0
+    from casebook.bench import _sync
+
     times = []
     for _ in range(repeats):
         _sync(device)

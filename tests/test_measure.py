@@ -128,3 +128,15 @@ def test_host_issue_time_is_zero_on_a_cpu_where_it_is_the_work():
     from casebook.measure import host_issue_us
 
     assert host_issue_us(lambda: sum(range(10**5)), "cpu") == 0.0
+
+
+def test_host_issue_time_on_a_gpu_is_the_median_host_time_of_a_call(monkeypatch):
+    import time
+
+    import casebook.bench
+    from casebook.measure import host_issue_us
+
+    syncs = []
+    monkeypatch.setattr(casebook.bench, "_sync", lambda device: syncs.append(device))
+    us = host_issue_us(lambda: time.sleep(0.002), "cuda", repeats=5)
+    assert 2000 <= us < 20000 and syncs == ["cuda"] * 6
