@@ -6,7 +6,13 @@
 2. gemm_epilogue: what the GELU epilogue costs on the persistent TMA GEMM in its erf and tanh forms,
    with one or two programs per SM and with warp specialisation, beside cuBLAS and the library rungs.
 
-Timed by casebook's own harness (cold L2, events, median). Output: notes/h200-2026-12-01/explore.txt.
+Timed by casebook's own harness (cold L2, events, median). Output:
+notes/h200-2026-12-01/explore-packed-epilogue.txt. It ran with the softmax module of commit 8a9219e
+and the gemm_common of commit c7b49fc, which have the knobs it turns (HOLD_INPUT, WARP_SPECIALIZE, the
+tanh form through exp2); both knobs were measured slower and removed after, so to run it again, check
+those two modules out first:
+    git show 8a9219e:casebook/kernels/softmax_fusion.py > casebook/kernels/softmax_fusion.py
+    git show c7b49fc:casebook/kernels/gemm_common.py > casebook/kernels/gemm_common.py
     python3 benchmarks/explore/packed_and_epilogue.py [softmax|gemm ...]
 """
 import sys

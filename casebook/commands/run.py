@@ -71,6 +71,13 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
     return missing if v is None else format(v, spec)
 
 
+def _regime(p: dict) -> str:
+    host, floor = p.get("host_issue_us"), p.get("floor_us")
+    if p.get("regime") == "launch" and host and floor and host > floor:
+        return "launch (host)"
+    return p.get("regime") or "-"
+
+
 def _points_table(title: str, points: list[dict], weighted: bool = False) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
     for col in ("variant", "shape", "dtype", "median us", "p10-p90 us", "GB/s", "TFLOP/s", "% roof", "regime",
@@ -81,7 +88,7 @@ def _points_table(title: str, points: list[dict], weighted: bool = False) -> Tab
         t.add_row(p["variant"], shape_label(p["shape"]), p["dtype"], _fmt(p.get("median_us"), ".1f"),
                   f"{p['p10_us']:.1f}-{p['p90_us']:.1f}" if p.get("p10_us") else "-",
                   _fmt(p.get("gbps"), ".0f"), _fmt(p.get("tflops"), ".2f"),
-                  _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".0f"), p.get("regime") or "-",
+                  _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".0f"), _regime(p),
                   _fmt(p.get("speedup"), ".2f"), _fmt(p.get("max_rel_err"), ".1e"),
                   f"[{STATUS_STYLE.get(status, '')}]{status}[/]",
                   *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))

@@ -128,10 +128,18 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
             "median": text.num(p.median_us), "spread": spread, "gbps": text.num(p.gbps),
-            "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": p.regime or "–",
+            "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full,
             "ok": p.status in ("ok", "checked")}
+
+
+def _regime(p: Point) -> str:
+    """The regime; a point filed under launch by its host issue time says so, with the time."""
+    host, floor = p.host_issue_us, p.floor_us
+    if p.regime == "launch" and _ok(host) and _ok(floor) and host > floor:
+        return f"launch (host {text.num(host)} µs)"
+    return p.regime or "–"
 
 
 def _level2_table(entry: Entry, points: list[dict]) -> list[dict]:
