@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass
 PHYSICS_MARGIN = 0.05
 """A time may beat the floor by this much (ceiling measurement noise) plus its own spread, no more."""
 
+MAX_SPREAD = 0.25
+"""The most a measurement's own spread widens the gate: on a loaded machine (median - p10) / median can
+near 1, which would let any time through; a model 30% off the hardware is wrong however noisy the timing."""
+
 
 class FasterThanPhysics(ValueError):
     """A measured time under the roofline floor: the byte or FLOP model, or the timing, is wrong."""
@@ -75,7 +79,7 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
     floor_regime = max(f, key=f.get)
     floor = f[floor_regime]
     regime = "launch" if host_us > floor else floor_regime
-    if median_us < floor * (1 - PHYSICS_MARGIN - spread):
+    if median_us < floor * (1 - PHYSICS_MARGIN - min(spread, MAX_SPREAD)):
         raise FasterThanPhysics(
             f"faster than physics: {median_us:.2f} us is under the {floor_regime} floor of {floor:.2f} us "
             f"({flops:.3g} FLOP, {bytes_moved:.3g} B, {launches:g} launches): "
