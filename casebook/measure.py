@@ -125,7 +125,9 @@ def launch_count(launches: dict, roofs: dict) -> float:
 
 def host_issue_us(call, device: str, repeats: int = 7) -> float:
     """Median host time to issue one call, from a synchronised start to the call's return (no sync):
-    the CPU's side of a call, which a GPU cannot finish before. Zero on a CPU, where it is the work."""
+    the CPU's side of a call, the least each call costs in a loop of them, whatever the GPU does (the
+    timer hides up to bench.HOST_SLACK_US of it, as a pipelined loop would). Zero on a CPU, where it
+    is the work itself."""
     if device != "cuda":
         return 0.0
     from casebook.bench import _sync
