@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -68,7 +69,7 @@ def environment() -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
-    env.update(_git())
+    env.update(_git(), casebook_sha256=source_sha256())
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(device_name=p.name, sm_count=p.multi_processor_count, memory_gb=round(p.total_memory / 1e9, 1),
@@ -89,6 +90,17 @@ def _nvidia_smi(fields=("driver_version", "clocks.max.sm", "clocks.max.mem", "po
     except (OSError, subprocess.SubprocessError, IndexError):
         return {}
     return {f.replace(".", "_"): v.strip() for f, v in zip(fields, out.split(","))}
+
+
+def source_sha256(root: Path | None = None) -> str:
+    """sha256 over casebook's own Python sources (path and bytes, in path order): the harness that
+    measured, identified without git. A working copy on another machine can carry an older HEAD and
+    local changes; this names the code that actually ran."""
+    root = root or Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _git() -> dict:
