@@ -33,7 +33,7 @@ case "${1:-}" in
     timeout 220 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
       > "$out/logs/softmax_rerun.txt" 2>&1
     echo "softmax rerun: exit $?"
-    python3 benchmarks/compare_runs.py "$out/results/nvidia-h200/softmax_fusion.json" \
+    python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt"
     timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
     cat "$out/logs/copy.txt" ;;

@@ -99,6 +99,19 @@ def run(
 
 
 @app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="A result JSON.")],
+    b: Annotated[Path, typer.Argument(help="Another result of the same case.")],
+    min_us: Annotated[float, typer.Option(help="Ignore points faster than this, in microseconds.")] = 20.0,
+    within: Annotated[float, typer.Option(help="Tolerated relative change of a median.")] = 0.02,
+) -> None:
+    """Run-to-run agreement: every point timed in both results, median against median."""
+    from casebook.commands import compare as impl
+
+    raise typer.Exit(impl.main(a, b, min_us=min_us, within=within))
+
+
+@app.command()
 def build(
     out: Annotated[Path, typer.Option(help="Where the site is written.")] = Path("site"),
     strict: Annotated[bool, typer.Option(help="mkdocs --strict: broken links fail the build.")] = True,

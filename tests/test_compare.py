@@ -1,0 +1,51 @@
+"""`casebook compare`: run-to-run agreement of two results of one case, median against median."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from casebook.commands import compare
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT = json.loads((REPO / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
+
+
+def write(tmp_path: Path, name: str, doc: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_result_agrees_with_itself(tmp_path, capsys):
+    a = write(tmp_path, "a.json", RESULT)
+    assert compare.main(a, a) == 0
+    n = sum(1 for v in compare.medians(RESULT).values() if v > 20)
+    assert f"{n} points above 20 us in both; {n} within 2%" in capsys.readouterr().out
+
+
+def test_one_point_moved_beyond_the_tolerance_fails_and_is_named(tmp_path, capsys):
+    moved = copy.deepcopy(RESULT)
+    point = next(p for p in moved["kernel_level"] if p.get("median_us", 0) > 100 and p["variant"] == "triton_online")
+    point["median_us"] *= 1.03
+    moved["environment"]["triton"] = "9.9.9"
+    assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", moved)) == 1
+    out = capsys.readouterr().out
+    assert "+3.00%" in out and "triton_online" in out and "environment differs: triton" in out
+    assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", moved), within=0.05) == 0
+
+
+def test_points_under_the_floor_are_not_compared(tmp_path):
+    fast = copy.deepcopy(RESULT)
+    for p in fast["workload_level"]["points"]:
+        if p.get("median_us") and p["median_us"] < 20:
+            p["median_us"] *= 2  # a launch-bound point doubling is noise the criterion leaves out
+    assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", fast)) == 0
+
+
+def test_two_cases_or_a_missing_file_are_bad_input(tmp_path):
+    other = json.loads((REPO / "results" / "nvidia-h200" / "gemm_tiled.json").read_text())
+    a = write(tmp_path, "a.json", RESULT)
+    assert compare.main(a, write(tmp_path, "b.json", other)) == 2
+    assert compare.main(a, tmp_path / "missing.json") == 2
