@@ -259,3 +259,19 @@ def test_the_books_own_cases_and_stored_results_build_strictly(tmp_path: Path, p
     assert re.search(r"torch_grouped_mm\s+[0-9.,]+ s \(slowest shape [0-9.,]+ s\)", html)
     # The per-expert loop on the H200 is launch-bound by its host issue time, and its row says so.
     assert re.search(r"64×8192×1408×4096\s+loop\s+(?:\S+\s+){5}launch \(host [0-9.,]+ µs\)", html)
+
+
+def test_neighbouring_ceiling_ticks_share_one_label():
+    from casebook.render.plots import _tick_labels
+
+    ticks = {(780.0, 791.0): {"a"}, (823.0, 791.0): {"b"}, (1365.0, 791.0): {"c"}, (9000.0, 791.0): {"d"},
+             (1.2, 4.0): {"e"}}
+    labels = _tick_labels(ticks)
+    assert [(ai, shapes) for ai, _, shapes in labels] == [(1.2, {"e"}), (1365.0, {"a", "b", "c"}), (9000.0, {"d"})]
+
+
+def test_close_compute_ceilings_share_one_label():
+    from casebook.render.plots import _ceiling_labels
+
+    assert _ceiling_labels({788.7: "bf16", 749.8: "fp16", 50.6: "fp32"}) == [
+        (788.7, "bf16 789 / fp16 750"), (50.6, "fp32 50.6")]

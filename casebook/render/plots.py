@@ -70,6 +70,18 @@ def _log_axes(ax) -> None:
         axis.set_major_formatter(FuncFormatter(_tflops_fmt))
 
 
+
+def _tick_labels(ticks: dict[tuple[float, float], set[str]], apart: float = 1.8) -> list[tuple[float, float, set[str]]]:
+    """One label per cluster of ceiling ticks: ticks at one ceiling whose intensities lie within `apart`
+    of each other share a label (at the rightmost), so that neighbouring shapes' names do not overprint."""
+    clusters: list[tuple[float, float, set[str]]] = []
+    for ai, ceil in sorted(ticks, key=lambda t: (round(t[1], 3), t[0])):
+        if clusters and abs(clusters[-1][1] / ceil - 1) < 0.01 and ai / clusters[-1][0] < apart:
+            clusters[-1] = (ai, ceil, clusters[-1][2] | ticks[(ai, ceil)])
+        else:
+            clusters.append((ai, ceil, set(ticks[(ai, ceil)])))
+    return clusters
+
 def _svg(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", pad_inches=0.08, metadata={"Date": None})
@@ -109,8 +121,10 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
     for tf, dtypes in sorted(groups.items()):
         ridge = tf * 1e3 / bw if bw else x_lo
         ax.plot([max(ridge, x_lo), x_hi], [tf, tf], **style, zorder=2)
-        if labels:
-            ax.annotate(f"{dtypes} {_tf(tf)} TFLOP/s {label}", (x_hi, tf), xytext=(-2, 2 if faint else -2),
+    if labels:
+        # Ceilings closer than a label's height share one label, on the highest of them.
+        for tf, text_ in _ceiling_labels(groups):
+            ax.annotate(f"{text_} TFLOP/s {label}", (x_hi, tf), xytext=(-2, 2 if faint else -2),
                         ha="right", va="bottom" if faint else "top", **text)
 
 
@@ -125,6 +139,18 @@ def _align_slopes(ax) -> None:
 
 def _tf(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _ceiling_labels(groups: dict[float, str], apart: float = 1.25) -> list[tuple[float, str]]:
+    """(height, text) per label: ceilings within `apart` of the one above share its label
+    ("bf16 789 / fp16 750"), since on a log axis of several decades their labels would overprint."""
+    labels: list[tuple[float, list[str]]] = []
+    for tf, dtypes in sorted(groups.items(), reverse=True):
+        if labels and labels[-1][0] / tf < apart:
+            labels[-1][1].append(f"{dtypes} {_tf(tf)}")
+        else:
+            labels.append((tf, [f"{dtypes} {_tf(tf)}"]))
+    return [(tf, " / ".join(parts)) for tf, parts in labels]
 
 
 def _ceiling_groups(ceilings: dict[str, float]) -> dict[float, str]:
@@ -172,8 +198,9 @@ def roofline(data: dict) -> bytes:
     for p in points:
         if p.get("ai") and p.get("ceiling_tflops"):
             ticks.setdefault((round(p["ai"], 6), round(p["ceiling_tflops"], 6)), set()).add(p["shape"])
-    for (ai, ceil), shapes in ticks.items():
+    for ai, ceil in ticks:
         left.plot([ai / 1.22, ai * 1.22], [ceil, ceil], color="#d1495b", lw=2.2, solid_capstyle="butt", zorder=3)
+    for ai, ceil, shapes in _tick_labels(ticks):
         label = next(iter(shapes)) if len(shapes) == 1 else f"{len(shapes)} shapes"
         # Above the tick: the region over the roof is empty by construction, so the label hides no point.
         left.annotate(label, (ai, ceil), xytext=(-3, 5), textcoords="offset points", fontsize=6.5, color="#d1495b",
