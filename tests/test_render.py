@@ -275,3 +275,13 @@ def test_close_compute_ceilings_share_one_label():
 
     assert _ceiling_labels({788.7: "bf16", 749.8: "fp16", 50.6: "fp32"}) == [
         (788.7, "bf16 789 / fp16 750"), (50.6, "fp32 50.6")]
+
+
+def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Path, plot_cache: Path):
+    assert build_site(REPO / "cases", REPO / "results", tmp_path / "site", plot_cache) == 0
+    html = words((tmp_path / "site" / "browse" / "claims" / "index.html").read_text())
+    open_part, held_part = html.split("Open: failed on a machine¶", 1)[1].split("Held¶", 1)
+    # A claim the stored H200 softmax run failed, with the number that missed; one that held, below.
+    assert "At least 3.4 TB/s at 256K columns bf16." in open_part and "(need 3400)" in open_part
+    assert "At least 4.0 TB/s at 32768 x 4096 bf16." in held_part
+    assert "At least 4.0 TB/s at 32768 x 4096 bf16." not in open_part

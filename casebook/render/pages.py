@@ -188,6 +188,25 @@ def by_hardware(book: Book) -> str:
                   unmeasured=[views.case_row(e, page) for e in book.entries if not e.results])
 
 
+def claims(book: Book) -> str:
+    """Every claim checked on every machine: the failed ones first (what is open), then the held ones."""
+    page = links.CLAIMS
+    rows = []
+    for slug, results in book.hardware().items():
+        for stored in results:
+            entry = book.get(stored.result.case_id)
+            for c in stored.result.claims:
+                if c.held is None:
+                    continue
+                rows.append({"case": views.case_row(entry, page), "hardware": results[0].hardware_name,
+                             "hardware_url": links.rel(page, links.BY_HARDWARE, links.anchor(slug)), "text": c.text,
+                             "detail": c.detail, "held": c.held, "stale": bool(stored.stale),
+                             "date": stored.result.started_at[:10]})
+    rows.sort(key=lambda r: (r["held"], r["case"]["title"], r["hardware"]))
+    return render("claims", front_matter=front_matter("Claims, held and open"),
+                  open=[r for r in rows if not r["held"]], held=[r for r in rows if r["held"]])
+
+
 def transfers(book: Book) -> str:
     page = links.TRANSFERS
     rows = []
@@ -293,5 +312,5 @@ def _ceiling(what: str, unit: str, measured: object, datasheet: object) -> dict:
 
 def _browse() -> dict[str, str]:
     return {"bottleneck": links.BY_BOTTLENECK, "pattern": links.BY_PATTERN, "operator": links.BY_OPERATOR,
-            "hardware": links.BY_HARDWARE, "transfers": links.TRANSFERS, "tags": links.TAGS,
+            "hardware": links.BY_HARDWARE, "transfers": links.TRANSFERS, "tags": links.TAGS, "claims": links.CLAIMS,
             "atlas": links.ATLAS}

@@ -58,6 +58,7 @@ def plan(book: Book) -> Generated:
     out[links.BY_OPERATOR] = pages.by_operator(book)
     out[links.BY_HARDWARE] = pages.by_hardware(book)
     out[links.TRANSFERS] = pages.transfers(book)
+    out[links.CLAIMS] = pages.claims(book)
     out[links.TAGS] = pages.tags_page()
     out[links.ATLAS] = pages.atlas(book, atlas_images)
     out[links.HARDWARE] = pages.hardware(book, hardware_images)
