@@ -200,8 +200,7 @@ def claims(book: Book) -> str:
                     continue
                 rows.append({"case": views.case_row(entry, page), "hardware": results[0].hardware_name,
                              "hardware_url": links.rel(page, links.BY_HARDWARE, links.anchor(slug)), "text": c.text,
-                             "detail": c.detail, "held": c.held, "stale": bool(stored.stale),
-                             "date": stored.result.started_at[:10]})
+                             "detail": c.detail, "held": c.held, "stale": bool(stored.stale)})
     rows.sort(key=lambda r: (r["held"], r["case"]["title"], r["hardware"]))
     return render("claims", front_matter=front_matter("Claims, held and open"),
                   open=[r for r in rows if not r["held"]], held=[r for r in rows if r["held"]])
