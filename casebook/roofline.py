@@ -63,6 +63,12 @@ def floors_us(flops: float, bytes_moved: float, launches: float, roofs: Roofs) -
     }
 
 
+def host_bound(host_us: float | None, floor_us: float | None) -> bool:
+    """Whether the host needs longer to issue a call than the hardware floor allows the GPU to run it:
+    what files a point under "launch" by its host time (see `place`), and what its regime label says."""
+    return bool(host_us) and bool(floor_us) and host_us > floor_us
+
+
 def place(flops: float, bytes_moved: float, launches: float, median_us: float, roofs: Roofs,
           spread: float = 0.0, host_us: float = 0.0) -> Placement:
     """Place a measured median on the roofline; refuse a time that beats physics.
@@ -78,7 +84,7 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
     f = floors_us(flops, bytes_moved, launches, roofs)
     floor_regime = max(f, key=f.get)
     floor = f[floor_regime]
-    regime = "launch" if host_us > floor else floor_regime
+    regime = "launch" if host_bound(host_us, floor) else floor_regime
     if median_us < floor * (1 - PHYSICS_MARGIN - min(spread, MAX_SPREAD)):
         raise FasterThanPhysics(
             f"faster than physics: {median_us:.2f} us is under the {floor_regime} floor of {floor:.2f} us "

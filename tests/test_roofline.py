@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from casebook.roofline import PHYSICS_MARGIN, FasterThanPhysics, Roofs, floors_us, place
+from casebook.roofline import PHYSICS_MARGIN, FasterThanPhysics, Roofs, floors_us, host_bound, place
 
 # 100 TFLOP/s, 1000 GB/s, 2 us per launch: ridge point 100 FLOP/byte.
 ROOFS = Roofs(compute_tflops=100.0, bandwidth_gbps=1000.0, launch_us=2.0)
@@ -120,3 +120,8 @@ def test_a_host_slower_than_every_floor_makes_the_point_launch_bound():
     assert place(flops=5e8, bytes_moved=5e7, launches=1, median_us=100.0, roofs=ROOFS, host_us=20.0).regime == "bandwidth"
     with pytest.raises(FasterThanPhysics):  # a host time never excuses a time under the hardware floor
         place(flops=5e8, bytes_moved=5e7, launches=1, median_us=10.0, roofs=ROOFS, host_us=2000.0)
+
+
+def test_host_bound_is_what_place_files_under_launch():
+    assert host_bound(2000.0, 50.0) and not host_bound(20.0, 50.0)
+    assert not host_bound(None, 50.0) and not host_bound(2000.0, None)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from casebook.roofline import host_bound
 from casebook.schema import shape_label
 
 import sys
@@ -72,8 +73,7 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
 
 
 def _regime(p: dict) -> str:
-    host, floor = p.get("host_issue_us"), p.get("floor_us")
-    if p.get("regime") == "launch" and host and floor and host > floor:
+    if p.get("regime") == "launch" and host_bound(p.get("host_issue_us"), p.get("floor_us")):
         return "launch (host)"
     return p.get("regime") or "-"
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from casebook.render import links, text
 from casebook.render.book import Book, Entry, StoredResult
 from casebook.render.figures import best_variant, measured_roofs
+from casebook.roofline import host_bound
 from casebook.schema import Point
 
 
@@ -136,9 +137,8 @@ def _level1_row(p: Point, baseline: str) -> dict:
 
 def _regime(p: Point) -> str:
     """The regime; a point filed under launch by its host issue time says so, with the time."""
-    host, floor = p.host_issue_us, p.floor_us
-    if p.regime == "launch" and _ok(host) and _ok(floor) and host > floor:
-        return f"launch (host {text.num(host)} µs)"
+    if p.regime == "launch" and host_bound(p.host_issue_us, p.floor_us):
+        return f"launch (host {text.num(p.host_issue_us)} µs)"
     return p.regime or "–"
 
 
