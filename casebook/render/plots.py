@@ -70,7 +70,6 @@ def _log_axes(ax) -> None:
         axis.set_major_formatter(FuncFormatter(_tflops_fmt))
 
 
-
 def _tick_labels(ticks: dict[tuple[float, float], set[str]], apart: float = 1.8) -> list[tuple[float, float, set[str]]]:
     """One label per cluster of ceiling ticks: ticks at one ceiling whose intensities lie within `apart`
     of each other share a label (at the rightmost), so that neighbouring shapes' names do not overprint."""
@@ -81,6 +80,7 @@ def _tick_labels(ticks: dict[tuple[float, float], set[str]], apart: float = 1.8)
         else:
             clusters.append((ai, ceil, set(ticks[(ai, ceil)])))
     return clusters
+
 
 def _svg(fig: Figure) -> bytes:
     buf = io.BytesIO()
