@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from casebook.commands import compare
+from casebook.schema import Result
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = json.loads((REPO / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
@@ -21,7 +22,7 @@ def write(tmp_path: Path, name: str, doc: dict) -> Path:
 def test_a_result_agrees_with_itself(tmp_path, capsys):
     a = write(tmp_path, "a.json", RESULT)
     assert compare.main(a, a) == 0
-    n = sum(1 for v in compare.medians(RESULT).values() if v > 20)
+    n = sum(1 for v in compare.medians(Result.model_validate(RESULT)).values() if v > 20)
     assert f"{n} points above 20 us in both; {n} within 2%" in capsys.readouterr().out
 
 

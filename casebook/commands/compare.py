@@ -8,42 +8,39 @@ machine's noise from a change.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from casebook.schema import shape_label
+from casebook import results
+from casebook.schema import Result, shape_label
 
 ENVIRONMENT_KEYS = ("device_name", "driver_version", "torch", "triton", "cuda", "casebook_sha256")
 
 
-def medians(doc: dict) -> dict[tuple[str, str, str, str], float]:
+def medians(result: Result) -> dict[tuple[str, str, str, str], float]:
     """(level, variant, shape, dtype) -> median, for every timed point of levels 1 and 2."""
-    levels = (("kernel", doc.get("kernel_level") or []), ("workload", (doc.get("workload_level") or {}).get("points") or []))
+    points = [("kernel", p.model_dump()) for p in result.kernel_level]
+    points += [("workload", p) for p in result.workload_level.get("points") or []]
     return {(level, p["variant"], shape_label(p["shape"]), p["dtype"]): p["median_us"]
-            for level, points in levels for p in points if p.get("median_us")}
+            for level, p in points if p.get("median_us")}
 
 
 def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
     """0 when every shared point above `min_us` agrees within `within`, 1 when one does not, 2 on bad input."""
     out = Console(highlight=False, soft_wrap=True)
-    docs = []
-    for path in (a, b):
-        try:
-            docs.append(json.loads(path.read_text()))
-        except (OSError, ValueError) as e:
-            out.print(Text(f"{path}: cannot read a result: {e}", style="red"))
-            return 2
-    first, second = docs
-    if first.get("case_id") != second.get("case_id"):
-        out.print(Text(f"{a} is case {first.get('case_id')!r}, {b} is {second.get('case_id')!r}: nothing to compare",
-                       style="red"))
+    try:
+        first, second = results.load(a), results.load(b)
+    except ValueError as e:  # unreadable, newer than this casebook, or not a result
+        out.print(Text(f"cannot compare: {e}", style="red"))
+        return 2
+    if first.case_id != second.case_id:
+        out.print(Text(f"{a} is case {first.case_id!r}, {b} is {second.case_id!r}: nothing to compare", style="red"))
         return 2
     for key in ENVIRONMENT_KEYS:
-        x, y = ((d.get("environment") or {}).get(key) for d in docs)
+        x, y = (r.environment.get(key) for r in (first, second))
         if x != y:
             out.print(f"environment differs: {key} {x} vs {y}")
     ma, mb = medians(first), medians(second)
