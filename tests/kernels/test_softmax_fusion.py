@@ -112,7 +112,7 @@ class Spy:
 @pytest.fixture
 def launches(monkeypatch) -> list:
     seen: list = []
-    for name in ("_onepass_kernel", "_split_row_kernel"):
+    for name in ("_onepass_kernel", "_streaming_rows_kernel", "_split_row_kernel"):
         monkeypatch.setattr(mod, name, Spy(name, getattr(mod, name), seen))
     return seen
 
@@ -123,9 +123,10 @@ CHUNKS = -(-LONG // CHUNK)
 
 @pytest.mark.skipif(not mod.INTERPRETED, reason="the interpreter launches untuned kernels; compiled, the autotuners do")
 @pytest.mark.parametrize("rows, cols, expected", [
-    (37, mod.SPLIT_ABOVE, [("_onepass_kernel", (19,))]),  # the row fits: one pass, 2 rows per program
+    (37, mod.STREAM_ABOVE, [("_onepass_kernel", (19,))]),  # the row fits: one pass, 2 rows per program
+    (3, mod.SPLIT_ABOVE, [("_streaming_rows_kernel", (3,))]),  # long but whole rows: streamed
     (3, LONG, [("_split_row_kernel", (3 * CHUNKS,))] * 2),  # split: statistics, then normalise
-], ids=["one-pass", "split"])
+], ids=["one-pass", "streamed", "split"])
 def test_online_path(launches, rows, cols, expected):
     c = run_check("triton_online", rows, cols, "bf16", seed_list=[rows])
     assert c.correct, c.error

@@ -1,5 +1,6 @@
-"""softmax_fusion on a GPU: triton_online's rows split over programs that wait for each other at a row
-barrier, which only a real GPU runs (the interpreter runs programs one after another). Skipped elsewhere;
+"""softmax_fusion on a GPU: triton_online's streamed rows (persistent programs, asynchronous copies the
+interpreter does not make) and rows split over programs that wait for each other at a row barrier, which
+only a real GPU runs (the interpreter runs programs one after another). Skipped elsewhere;
 run on a GPU without TRITON_INTERPRET: `python3 -m pytest -q tests/kernels/test_softmax_fusion_gpu.py`."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get(
                                 reason="needs a GPU, not the interpreter")
 
 ROWS = (1, 199)
-COLS = (32769, 65537, 300001)  # one past the one-pass limit, one past 64K, past 256K (37 chunks of 8K)
+COLS = (20000, 32768, 32769, 65537, 300001)  # streamed (fp32 at 32K falls back to one pass), one past the
+# one-pass limit, one past 64K, past 256K (37 chunks of 8K)
 
 
 @pytest.fixture(scope="module")
