@@ -22,7 +22,17 @@ Prediction (written before the run): at 64K bf16, 3.6 TB/s or more for the best 
 programs the working set (67 MB) exceeds L2 and the second sweep misses: expect no gain unless fewer
 programs (64: 33 MB) can still pull the bandwidth.
 
-    python3 benchmarks/explore/two_sweep_rows.py          (GPU)
+Result (notes/h200-2026-12-01b/two-sweep.txt): falsified. Best at 64K bf16 2.74 TB/s (two_sweep,
+8K chunk, 16 warps, 2 per SM) against 3.12 committed; flat at most 1.87. Bandwidth rose with warps,
+chunk and programs per SM, and 256K (working set far past L2) did as well as 64K: the kernels are
+latency-bound per chunk (a block-wide reduction and a wait on each chunk's load), not L2-bound.
+
+  lane       the second try: running (max, sum) per lane, so no block-wide reduction in the loops,
+             and the next chunk's load issued by hand before this one is used.
+Prediction for lane (written before its run): if per-chunk latency is the limit, 64K bf16 reaches
+3.3 TB/s or more with 2-4 programs per SM.
+
+    python3 benchmarks/explore/two_sweep_rows.py          (GPU; --lane for the second run)
     TRITON_INTERPRET=1 python3 benchmarks/explore/two_sweep_rows.py --check
 """
 import sys
@@ -99,6 +109,41 @@ def _flat_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNK: tl.constexpr, STAG
                  eviction_policy="evict_first")
 
 
+@triton.jit
+def _lane_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, CHUNK: tl.constexpr, STAGES: tl.constexpr,
+                 EVICT: tl.constexpr):
+    # Second try (after two_sweep and flat were latency-bound: bandwidth rose with warps and chunk,
+    # not with the working set): no block-wide reduction inside the loops, so warps never wait for
+    # each other, and the next chunk's load is issued by hand before this chunk is used. Sweep 1
+    # keeps a running max and sum per lane (two exps per element), merged once per row.
+    # (STAGES and EVICT are unused; the signature matches `launch`.)
+    offs = tl.arange(0, CHUNK)
+    n = tl.cdiv(n_cols, CHUNK)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        base = tl.cast(row, tl.int64) * stride
+        m = tl.full([CHUNK], -float("inf"), tl.float32)
+        s = tl.zeros([CHUNK], tl.float32)
+        x_next = tl.load(x_ptr + base + offs, mask=offs < n_cols, other=-float("inf"), eviction_policy="evict_last")
+        for k in range(0, n):
+            x = x_next.to(tl.float32)
+            cols = (k + 1) * CHUNK + offs
+            x_next = tl.load(x_ptr + base + cols, mask=cols < n_cols, other=-float("inf"),
+                             eviction_policy="evict_last")
+            m_new = tl.maximum(m, x)
+            shift = tl.where(m_new == -float("inf"), 0.0, m_new)  # lanes that saw only padding
+            s = s * tl.exp(m - shift) + tl.exp(x - shift)
+            m = m_new
+        row_max = tl.max(m, axis=0)
+        inv = 1.0 / tl.sum(s * tl.exp(m - row_max), axis=0)
+        x_next = tl.load(x_ptr + base + offs, mask=offs < n_cols, other=0.0, eviction_policy="evict_first")
+        for k in range(0, n):
+            x = x_next.to(tl.float32)
+            cols = (k + 1) * CHUNK + offs
+            x_next = tl.load(x_ptr + base + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_first")
+            tl.store(y_ptr + base + cols - CHUNK, (tl.exp(x - row_max) * inv).to(y_ptr.dtype.element_ty),
+                     mask=cols - CHUNK < n_cols, eviction_policy="evict_first")
+
+
 def launch(kernel, x, chunk, warps, programs, stages=3, evict=0):
     y = torch.empty_like(x)
     kernel[(min(programs, x.shape[0]),)](x, y, x.shape[0], x.shape[1], x.stride(0), CHUNK=chunk, STAGES=stages,
@@ -111,7 +156,7 @@ def check():
         for r, cols in ((1, 1), (37, 760), (5, 4100), (3, 65537), (7, 3000)):
             x = (torch.randn(r, cols) * 2).to(dt)
             ref = torch.softmax(x.double(), -1)
-            for kernel in (_two_sweep_kernel, _flat_kernel):
+            for kernel in (_two_sweep_kernel, _flat_kernel, _lane_kernel):
                 for evict in (0, 1):
                     y = launch(kernel, x, 1024, 4, 3, stages=2, evict=evict)
                     err = ((y.double() - ref).norm() / ref.norm()).item()
@@ -163,5 +208,42 @@ def explore():
         torch.cuda.empty_cache()
 
 
+def explore_lane():
+    """The second run: the lane kernel against the committed kernels at the long-row shapes."""
+    from casebook.bench import Protocol, time_fn
+
+    proto = Protocol(time_cap_s=0.2, target_rse=0.01)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n_rows, n_cols, dt in ((4096, 65536, torch.bfloat16), (1024, 262144, torch.bfloat16),
+                               (4096, 32768, torch.bfloat16), (256, 128256, torch.bfloat16)):
+        x = torch.randn(n_rows, n_cols, device="cuda").mul_(2).to(dt)
+        ref = torch.softmax(x.float(), -1)
+        nb = 2 * x.numel() * x.element_size()
+        key = f"{n_rows}x{n_cols} {str(dt)[6:]}"
+
+        def bench(label, f):
+            y = f()
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            t = time_fn(f, "cuda", proto).summary
+            print(f"{key} {label:44s} {t.median_us:8.1f} us  p10 {t.p10_us:7.1f}  p90 {t.p90_us:7.1f}  "
+                  f"{nb / t.median_us / 1e6:6.3f} TB/s  err {err:.1e}", flush=True)
+
+        bench("triton_online (committed)", lambda: sf.triton_online(x))
+        for chunk, warps, per_sm in ((2048, 4, 4), (4096, 4, 4), (4096, 8, 2), (4096, 8, 4), (8192, 8, 2),
+                                     (8192, 16, 1), (8192, 16, 2)):
+            try:
+                bench(f"lane chunk={chunk} w={warps} per_sm={per_sm}",
+                      lambda: launch(_lane_kernel, x, chunk, warps, sms * per_sm))
+            except Exception as e:
+                print(f"{key} lane chunk={chunk} w={warps} per_sm={per_sm} ERROR {repr(e)[:160]}", flush=True)
+        del x, ref
+        torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    check() if "--check" in sys.argv else explore()
+    if "--check" in sys.argv:
+        check()
+    elif "--lane" in sys.argv:
+        explore_lane()
+    else:
+        explore()
