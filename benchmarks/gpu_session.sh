@@ -4,10 +4,13 @@
 # a checkpoint per variant so a call cut short still returns what it measured.
 #
 # Run on the device from the repository root, after the wheel install line:
-#   bash benchmarks/gpu_session.sh softmax     # GPU-only tests, full softmax ladder + ncu counters,
-#                                              # a second run (run-to-run agreement), copy references
-#   bash benchmarks/gpu_session.sh gemm        # all three GEMM cases
-#   bash benchmarks/gpu_session.sh grouped     # gemm_grouped
+#   bash benchmarks/gpu_session.sh softmax        # GPU-only tests, full softmax ladder + ncu counters,
+#                                                 # copy references
+#   bash benchmarks/gpu_session.sh softmax-rerun  # after committing that result: a second full run and
+#                                                 # `casebook compare` against it (run to run)
+#   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
+#   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
+#   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -24,19 +27,19 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
 }
 
 case "${1:-}" in
-  softmax)  # the GPU-only tests (bf16), the full ladder with counters, a second full run for
-            # run-to-run agreement, copy references
+  softmax)  # the GPU-only tests (bf16), the full ladder with counters, copy references
     timeout 75 python3 -m pytest -q -x -k "bf16 or barriers" tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
-    run_case softmax_fusion 260 --counters
-    mkdir -p "$out/rerun"
-    timeout 220 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
-      > "$out/logs/softmax_rerun.txt" 2>&1
-    echo "softmax rerun: exit $?"
-    python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
-      "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt"
+    run_case softmax_fusion 400 --counters
     timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
     cat "$out/logs/copy.txt" ;;
+  softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
+    mkdir -p "$out/rerun"
+    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+      > "$out/logs/softmax_rerun.txt" 2>&1
+    echo "softmax rerun: exit $?"
+    python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json \
+      "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
     run_case gemm_epilogue 250
     timeout 60 python3 benchmarks/epilogue_cost.py "$out/logs/epilogue_cost.json" > "$out/logs/epilogue_cost.txt" 2>&1
@@ -45,7 +48,9 @@ case "${1:-}" in
     run_case gemm_tiled 200 ;;
   grouped)
     run_case gemm_grouped 280 ;;
-  *) echo "usage: $0 softmax|gemm|grouped" >&2; exit 2 ;;
+  tiled)
+    run_case gemm_tiled 280 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|gemm|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"
