@@ -8,6 +8,7 @@
 #                                                 # copy references
 #   bash benchmarks/gpu_session.sh softmax-rerun  # after committing that result: a second full run and
 #                                                 # `casebook compare` against it (run to run)
+#   bash benchmarks/gpu_session.sh softmax-pair   # two consecutive full runs on one machine, compared
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
@@ -40,6 +41,16 @@ case "${1:-}" in
     echo "softmax rerun: exit $?"
     python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json \
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
+  softmax-pair)  # two consecutive full runs on one machine, sharing casebook's cache (as a user's two
+                 # runs would), compared: the run-to-run figure
+    mkdir -p "$out/rerun"
+    for i in 1 2; do
+      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun/run$i" \
+        > "$out/logs/softmax_run$i.txt" 2>&1
+      echo "softmax run $i: exit $?"
+    done
+    python3 -m casebook.cli compare "$out/rerun/run1/nvidia-h200/softmax_fusion.json" \
+      "$out/rerun/run2/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
     run_case gemm_epilogue 250
     timeout 60 python3 benchmarks/epilogue_cost.py "$out/logs/epilogue_cost.json" > "$out/logs/epilogue_cost.txt" 2>&1
@@ -50,7 +61,7 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|gemm|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|gemm|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

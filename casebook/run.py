@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import math
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
@@ -74,6 +75,17 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
     return groups
 
 
+def variant_env(*, interpreted: bool) -> dict[str, str]:
+    """Environment of a variant's child process. Triton's interpreter where Triton kernels are checked
+    on a CPU. Inductor's cache (its generated kernels and its autotuning picks) under casebook's cache
+    unless the caller chose one: torch.compile benchmarks candidate kernels at its first call and keeps
+    the winner there, so consecutive runs measure the same kernels instead of re-deciding per process."""
+    env = {"TRITON_INTERPRET": "1"} if interpreted else {}
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(hardware.CACHE_DIR / "inductor")
+    return env
+
+
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
              progress: Progress | None = None, ceilings: dict | None = None,
              checkpoint: Callable[[dict], None] | None = None) -> dict:
@@ -97,7 +109,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
     for name, g in groups.items():
         tasks = g["tasks"]
-        child_env = {"TRITON_INTERPRET": "1"} if g["device"] == "cpu" and not g["timed"] else {}
+        child_env = variant_env(interpreted=g["device"] == "cpu" and not g["timed"])
 
         def done(i, payload, tasks=tasks):
             progress("task", {"task": tasks[i], "payload": payload})

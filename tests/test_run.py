@@ -86,6 +86,15 @@ def test_plan_only_keeps_the_baseline():
     assert list(groups) == ["eager", "torch_softmax"]
 
 
+def test_variant_env_keeps_inductor_choices_in_casebooks_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(run.hardware, "CACHE_DIR", tmp_path)
+    assert run.variant_env(interpreted=True) == {"TRITON_INTERPRET": "1",
+                                                 "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    assert run.variant_env(interpreted=False) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the caller's choice wins
+    assert run.variant_env(interpreted=False) == {}
+
 # --- levels 2 and 3, and what counts as failed --------------------------------------------------------
 
 

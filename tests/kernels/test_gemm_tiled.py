@@ -56,6 +56,19 @@ def test_tma_path_is_taken_where_valid_and_skipped_where_not():
     assert not gemm_common.tma_supported(odd["a"], odd["b"])  # 29 x 2 B rows are not 16-byte aligned
 
 
+@pytest.mark.parametrize("m, n, flags, big_only", [
+    (4096, 4096, {}, True),  # 512 tiles of 128x256 on 132 SMs: 3.9 waves
+    (2048, 2048, {}, False),  # 128 tiles: under one wave, every configuration stays
+    (4096, 4096, {"HAS_BIAS": True, "GELU": "erf"}, False),  # a fused epilogue keeps the full choice
+])
+def test_large_plain_gemms_keep_the_big_tile_alone(m, n, flags, big_only):
+    import triton
+
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}) for bm, bn in ((128, 256), (128, 128), (64, 128))]
+    kept = gemm_common._prune_tma(configs, {"M": m, "N": n, "K": 4096}, NUM_SMS=132,
+                                  **{"HAS_BIAS": False, "GELU": "none", **flags})
+    assert kept == (configs[:1] if big_only else configs)
+
 def test_inputs_are_seeded_random_and_scaled():
     s = {"m": 64, "n": 48, "k": 32}
     a, b = inputs(s, torch.float32, 7), inputs(s, torch.float32, 7)
