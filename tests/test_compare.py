@@ -22,7 +22,7 @@ def write(tmp_path: Path, name: str, doc: dict) -> Path:
 def test_a_result_agrees_with_itself(tmp_path, capsys):
     a = write(tmp_path, "a.json", RESULT)
     assert compare.main(a, a) == 0
-    n = sum(1 for v in compare.medians(Result.model_validate(RESULT)).values() if v > 20)
+    n = sum(1 for p in compare.timed_points(Result.model_validate(RESULT)).values() if p["median_us"] > 20)
     assert f"{n} points above 20 us in both; {n} within 2%" in capsys.readouterr().out
 
 
@@ -35,6 +35,16 @@ def test_one_point_moved_beyond_the_tolerance_fails_and_is_named(tmp_path, capsy
     out = capsys.readouterr().out
     assert "+3.00%" in out and "triton_online" in out and "environment differs: triton" in out
     assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", moved), within=0.05) == 0
+
+
+def test_a_moved_point_shows_its_p10_and_whether_host_time_reached_the_timing(tmp_path, capsys):
+    moved = copy.deepcopy(RESULT)
+    point = next(p for p in moved["kernel_level"] if p.get("median_us", 0) > 100 and p["variant"] == "triton_online")
+    point["median_us"] *= 1.10  # slow repetitions: the median moved, the p10 did not
+    point["host_issue_us"] = 160.0
+    assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", moved)) == 1
+    out = capsys.readouterr().out
+    assert "+10.00%" in out and "+0.00%" in out and "160*" in out and "host jitter reaches that timing" in out
 
 
 def test_points_under_the_floor_are_not_compared(tmp_path):

@@ -3,11 +3,14 @@
 Every point timed in both results (levels 1 and 2) above a floor in microseconds is compared by median;
 the points that moved more than the tolerance are listed, largest first, with what differs between the
 two environments (device, library versions, casebook's sources), so that a reader can tell the
-machine's noise from a change.
+machine's noise from a change. Two columns help with that: the p10's change (a median that moved while
+the p10 stayed put is a run of slow repetitions, not a slower kernel) and each run's host issue time
+(above bench.HOST_SLACK_US the timer no longer hides it, and the host's own jitter reaches the timing).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -15,22 +18,28 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook import results
+from casebook.bench import HOST_SLACK_US
 from casebook.schema import Result, shape_label
 
 ENVIRONMENT_KEYS = ("device_name", "driver_version", "torch", "triton", "cuda", "casebook_sha256")
 
 
-def medians(result: Result) -> dict[tuple[str, str, str, str], float]:
-    """(level, variant, shape, dtype) -> median, for every timed point of levels 1 and 2."""
+def timed_points(result: Result) -> dict[tuple[str, str, str, str], dict]:
+    """(level, variant, shape, dtype) -> point, for every timed point of levels 1 and 2."""
     points = [("kernel", p.model_dump()) for p in result.kernel_level]
     points += [("workload", p) for p in result.workload_level.get("points") or []]
-    return {(level, p["variant"], shape_label(p["shape"]), p["dtype"]): p["median_us"]
+    return {(level, p["variant"], shape_label(p["shape"]), p["dtype"]): p
             for level, p in points if p.get("median_us")}
+
+
+def _host(point: dict) -> str:
+    us = point.get("host_issue_us")
+    return "-" if us is None else f"{us:.0f}" + ("*" if us > HOST_SLACK_US else "")
 
 
 def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
     """0 when every shared point above `min_us` agrees within `within`, 1 when one does not, 2 on bad input."""
-    out = Console(highlight=False, soft_wrap=True)
+    out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     try:
         first, second = results.load(a), results.load(b)
     except ValueError as e:  # unreadable, newer than this casebook, or not a result
@@ -43,19 +52,26 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
         x, y = (r.environment.get(key) for r in (first, second))
         if x != y:
             out.print(f"environment differs: {key} {x} vs {y}")
-    ma, mb = medians(first), medians(second)
+    pa, pb = timed_points(first), timed_points(second)
+    ma, mb = ({k: p["median_us"] for k, p in points.items()} for points in (pa, pb))
     rows = sorted(((mb[k] / ma[k] - 1, k) for k in ma.keys() & mb.keys() if min(ma[k], mb[k]) > min_us),
                   key=lambda r: -abs(r[0]))
     moved = [r for r in rows if abs(r[0]) > within]
     if moved:
         table = Table(header_style="bold", title_justify="left",
                       title=f"points that moved more than {within:.1%} ({a.name} -> {b.name})")
-        for col in ("change", "level", "variant", "shape", "dtype", "A us", "B us"):
-            table.add_column(col, justify="right" if col in ("change", "A us", "B us") else "left")
+        numeric = ("change", "p10 change", "A us", "B us", "host us A / B")
+        for col in ("change", "p10 change", "level", "variant", "shape", "dtype", "A us", "B us", "host us A / B"):
+            table.add_column(col, justify="right" if col in numeric else "left")
         for change, key in moved:
             level, variant, shape, dtype = key
-            table.add_row(f"{change:+.2%}", level, variant, shape, dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}")
+            a10, b10 = pa[key].get("p10_us"), pb[key].get("p10_us")
+            table.add_row(f"{change:+.2%}", f"{b10 / a10 - 1:+.2%}" if a10 and b10 else "-", level, variant, shape,
+                          dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key])} / {_host(pb[key])}")
         out.print(table)
+        if any(p.get("host_issue_us", 0) > HOST_SLACK_US for k in dict(moved).values() for p in (pa[k], pb[k])):
+            out.print(f"* the host took longer to issue the call than the {HOST_SLACK_US:g} us the timer hides: "
+                      "host jitter reaches that timing")
     only = len(ma.keys() ^ mb.keys())
     out.print(f"{len(rows)} points above {min_us:g} us in both; {len(rows) - len(moved)} within {within:.0%}"
               + (f"; {only} timed in only one of the two" if only else ""))
