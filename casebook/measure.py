@@ -9,6 +9,8 @@ import importlib
 import time
 from dataclasses import dataclass, field
 
+from casebook import autotune
+
 KERNELS_PACKAGE = "casebook.kernels"
 
 
@@ -84,7 +86,10 @@ def _point(task: Task, mod) -> dict:
 
     g = torch.Generator().manual_seed(task.seed + 2)
     inputs = make_inputs(task.shape, TORCH_DTYPES[task.dtype], task.device, g)
+    tuners = autotune.autotuners(KERNELS_PACKAGE)
+    autotune.forget(tuners)
     timing = time_fn(lambda: fn(**inputs), task.device, Protocol(**task.protocol))
+    autotuned = autotune.picks(tuners)
     launches = _launches(task, lambda: fn(**inputs))
     host_us = host_issue_us(lambda: fn(**inputs), task.device)
     del inputs
@@ -95,6 +100,8 @@ def _point(task: Task, mod) -> dict:
 
     traffic = getattr(mod, task.traffic)(task.shape, TORCH_DTYPES[task.dtype])
     s = timing.summary
+    if autotuned:
+        out["autotuned"] = autotuned
     out.update(status="ok", median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, cv=s.cv,
                repetitions=s.repetitions, first_call_s=first_call[0], timer=timing.timer,
                flops=traffic.flops, bytes=traffic.bytes, traffic_terms=traffic.as_dict()["terms"],

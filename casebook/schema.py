@@ -416,6 +416,8 @@ class Point(Open):
     regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or launch.")
     host_issue_us: float | None = Field(
         default=None, description="Host time to issue one call (GPU only); above every floor it makes the point launch-bound.")
+    autotuned: dict[str, str] | None = Field(
+        default=None, description="Configuration each Triton autotuner ran in the timed calls, by module.kernel.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
     error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
 

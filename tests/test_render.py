@@ -285,3 +285,19 @@ def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Pa
     assert "At least 3.4 TB/s at 256K columns bf16." in open_part and "(need 3400)" in open_part
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." in held_part
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." not in open_part
+
+
+def test_an_autotuned_point_names_its_configuration_on_hover_escaped(tmp_path: Path, plot_cache: Path):
+    import json
+
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    stored = next(results.glob("nvidia-*/softmax_fusion.json"))
+    doc = json.loads(stored.read_text())
+    point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
+    point["autotuned"] = {"softmax_fusion._split_row_tuned": f"CHUNK=8192 warps=8 stages=3 {EVIL}"}
+    stored.write_text(json.dumps(doc))
+    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
+    html = page(tmp_path / "site", "softmax_fusion")
+    assert '<abbr title="autotuned: softmax_fusion._split_row_tuned CHUNK=8192 warps=8 stages=3' in unescape(html)
+    assert "<script>alert(1)" not in html and "onerror=alert(2)>" not in html

@@ -131,7 +131,7 @@ def _level1_row(p: Point, baseline: str) -> dict:
             "median": text.num(p.median_us), "spread": spread, "gbps": text.num(p.gbps),
             "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
-            "check_full": full,
+            "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
 
 
