@@ -9,6 +9,9 @@ per point), the autotuner's own timing of every configuration, and the harness's
 Prediction: the slow runs ran a different configuration from the fast ones; if all runs pick the same
 configuration and still differ, the modes are on the GPU side (clocks), not the pick.
 
+Result (notes/h200-2026-12-01b/grouped-modes.txt): falsified. All four runs picked 128x256x64/3/8;
+the kernel took 1478-1538 us and the loop 1355-1496 us (ratios 0.88-1.01x): the modes are the GPU's.
+
     python3 benchmarks/explore/grouped_modes.py [RUNS]     (GPU)
 """
 import subprocess
