@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -11,8 +12,6 @@ from rich.table import Table
 
 from casebook.roofline import host_bound
 from casebook.schema import shape_label
-
-import sys
 
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 150)
