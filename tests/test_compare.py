@@ -37,6 +37,17 @@ def test_one_point_moved_beyond_the_tolerance_fails_and_is_named(tmp_path, capsy
     assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", moved), within=0.05) == 0
 
 
+def test_points_without_a_host_time_compare(tmp_path, capsys):
+    older, moved = copy.deepcopy(RESULT), copy.deepcopy(RESULT)
+    for doc in (older, moved):  # results from before casebook recorded host issue times
+        for p in doc["kernel_level"]:
+            p["host_issue_us"] = None
+    point = next(p for p in moved["kernel_level"] if p.get("median_us", 0) > 100)
+    point["median_us"] *= 1.10
+    assert compare.main(write(tmp_path, "a.json", older), write(tmp_path, "b.json", moved)) == 1
+    assert "- / -" in capsys.readouterr().out
+
+
 def test_a_moved_point_shows_its_p10_and_whether_host_time_reached_the_timing(tmp_path, capsys):
     moved = copy.deepcopy(RESULT)
     point = next(p for p in moved["kernel_level"] if p.get("median_us", 0) > 100 and p["variant"] == "triton_online")
