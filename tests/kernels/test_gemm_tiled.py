@@ -69,6 +69,7 @@ def test_large_plain_gemms_keep_the_big_tile_alone(m, n, flags, big_only):
                                   **{"HAS_BIAS": False, "GELU": "none", **flags})
     assert kept == (configs[:1] if big_only else configs)
 
+
 def test_inputs_are_seeded_random_and_scaled():
     s = {"m": 64, "n": 48, "k": 32}
     a, b = inputs(s, torch.float32, 7), inputs(s, torch.float32, 7)
