@@ -24,19 +24,6 @@ from casebook.kernels import softmax_fusion as sf
 
 
 @triton.jit
-def _rows_kernel(x_ptr, y_ptr, n_rows, n_cols, stride, BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    # One row at a time held on chip, the next rows' loads in flight (shared memory) meanwhile.
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=STAGES):
-        offs = tl.cast(row, tl.int64) * stride + cols
-        x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        e = tl.exp(x - m)
-        tl.store(y_ptr + offs, (e * (1.0 / tl.sum(e, axis=0))).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _split_kernel(x_ptr, y_ptr, m_ptr, s_ptr, barrier_ptr, n_rows, n_cols, stride, groups,
                   CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr, PHASE: tl.constexpr):
     # Program p holds chunk p % n_chunks of rows p // n_chunks, + groups, + 2 groups, ...; the chunks of
@@ -76,8 +63,9 @@ def _split_kernel(x_ptr, y_ptr, m_ptr, s_ptr, barrier_ptr, n_rows, n_cols, strid
 def rows(x, programs, warps, stages):
     y = torch.empty_like(x)
     block = triton.next_power_of_2(x.shape[1])
-    _rows_kernel[(min(programs, x.shape[0]),)](x, y, x.shape[0], x.shape[1], x.stride(0), BLOCK=block,
-                                                STAGES=stages, num_warps=warps)
+    # The kernel this exploration tried is the one triton_online now streams 16K-32K rows through.
+    sf._streaming_rows_kernel[(min(programs, x.shape[0]),)](x, y, x.shape[0], x.shape[1], x.stride(0),
+                                                             BLOCK=block, STAGES=stages, num_warps=warps)
     return y
 
 
@@ -111,26 +99,12 @@ def check():
 
 
 def explore():
-    from casebook.bench import Protocol, time_fn
+    from rowbench import bench, logits
 
-    proto = Protocol(time_cap_s=0.2, target_rse=0.01)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
-    def bench(label, f, ref, nbytes):
-        try:
-            y = f()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            t = time_fn(f, "cuda", proto).summary
-            print(f"{label:58s} {t.median_us:8.1f} us  p10 {t.p10_us:7.1f}  p90 {t.p90_us:7.1f}  "
-                  f"{nbytes / t.median_us / 1e6:6.3f} TB/s  err {err:.1e}", flush=True)
-        except Exception as e:
-            print(f"{label:58s} ERROR {repr(e)[:160]}", flush=True)
-
     for n_rows, n_cols in ((4096, 32768), (4096, 65536), (1024, 262144), (128, 151936)):
-        x = torch.randn(n_rows, n_cols, device="cuda").mul_(2).to(torch.bfloat16)
-        ref = torch.softmax(x.float(), -1)
-        nb = 4 * x.numel()
-        key = f"{n_rows}x{n_cols}"
+        x, ref, nb, key = logits(n_rows, n_cols, torch.bfloat16)
         bench(f"{key} triton_online (committed)", lambda: sf.triton_online(x), ref, nb)
         if n_cols <= 32768:
             for warps, stages in ((32, 2), (32, 3), (16, 2), (16, 3)):

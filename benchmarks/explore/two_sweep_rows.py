@@ -165,29 +165,14 @@ def check():
 
 
 def explore():
-    from casebook.bench import Protocol, time_fn
+    from rowbench import bench, logits
 
-    proto = Protocol(time_cap_s=0.2, target_rse=0.01)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-
-    def bench(label, f, ref, nbytes):
-        try:
-            y = f()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            t = time_fn(f, "cuda", proto).summary
-            print(f"{label:62s} {t.median_us:8.1f} us  p10 {t.p10_us:7.1f}  p90 {t.p90_us:7.1f}  "
-                  f"{nbytes / t.median_us / 1e6:6.3f} TB/s  err {err:.1e}", flush=True)
-        except Exception as e:
-            print(f"{label:62s} ERROR {repr(e)[:160]}", flush=True)
-
     shapes = ((4096, 65536, torch.bfloat16), (2048, 131072, torch.bfloat16), (1024, 262144, torch.bfloat16),
               (4096, 32768, torch.bfloat16), (4096, 65536, torch.float32), (256, 128256, torch.bfloat16),
               (4096, 262144, torch.bfloat16))
     for n_rows, n_cols, dt in shapes:
-        x = torch.randn(n_rows, n_cols, device="cuda").mul_(2).to(dt)
-        ref = torch.softmax(x.float(), -1)
-        nb = 2 * x.numel() * x.element_size()
-        key = f"{n_rows}x{n_cols} {str(dt)[6:]}"
+        x, ref, nb, key = logits(n_rows, n_cols, dt)
         bench(f"{key} triton_online (committed)", lambda: sf.triton_online(x), ref, nb)
         bench(f"{key} copy", lambda: x.clone(), ref.to(dt), nb)
         for chunk, warps in ((4096, 8), (8192, 8), (8192, 16), (16384, 16)):
@@ -210,32 +195,17 @@ def explore():
 
 def explore_lane():
     """The second run: the lane kernel against the committed kernels at the long-row shapes."""
-    from casebook.bench import Protocol, time_fn
+    from rowbench import bench, logits
 
-    proto = Protocol(time_cap_s=0.2, target_rse=0.01)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n_rows, n_cols, dt in ((4096, 65536, torch.bfloat16), (1024, 262144, torch.bfloat16),
                                (4096, 32768, torch.bfloat16), (256, 128256, torch.bfloat16)):
-        x = torch.randn(n_rows, n_cols, device="cuda").mul_(2).to(dt)
-        ref = torch.softmax(x.float(), -1)
-        nb = 2 * x.numel() * x.element_size()
-        key = f"{n_rows}x{n_cols} {str(dt)[6:]}"
-
-        def bench(label, f):
-            y = f()
-            err = ((y.float() - ref).norm() / ref.norm()).item()
-            t = time_fn(f, "cuda", proto).summary
-            print(f"{key} {label:44s} {t.median_us:8.1f} us  p10 {t.p10_us:7.1f}  p90 {t.p90_us:7.1f}  "
-                  f"{nb / t.median_us / 1e6:6.3f} TB/s  err {err:.1e}", flush=True)
-
-        bench("triton_online (committed)", lambda: sf.triton_online(x))
+        x, ref, nb, key = logits(n_rows, n_cols, dt)
+        bench(f"{key} triton_online (committed)", lambda: sf.triton_online(x), ref, nb)
         for chunk, warps, per_sm in ((2048, 4, 4), (4096, 4, 4), (4096, 8, 2), (4096, 8, 4), (8192, 8, 2),
                                      (8192, 16, 1), (8192, 16, 2)):
-            try:
-                bench(f"lane chunk={chunk} w={warps} per_sm={per_sm}",
-                      lambda: launch(_lane_kernel, x, chunk, warps, sms * per_sm))
-            except Exception as e:
-                print(f"{key} lane chunk={chunk} w={warps} per_sm={per_sm} ERROR {repr(e)[:160]}", flush=True)
+            bench(f"{key} lane chunk={chunk} w={warps} per_sm={per_sm}",
+                  lambda: launch(_lane_kernel, x, chunk, warps, sms * per_sm), ref, nb)
         del x, ref
         torch.cuda.empty_cache()
 
