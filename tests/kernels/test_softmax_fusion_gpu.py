@@ -27,7 +27,7 @@ def mod():
 @pytest.mark.parametrize("cols", COLS)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_split_rows_match_reference(mod, rows, cols, dtype):
+def test_long_rows_match_reference(mod, rows, cols, dtype):
     from casebook.check import TOLERANCE, check
     c = check(mod.triton_online, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
               [rows * 1000 + cols, rows * 1000 + cols + 1])
