@@ -91,7 +91,7 @@ def _point(task: Task, mod) -> dict:
     timing = time_fn(lambda: fn(**inputs), task.device, Protocol(**task.protocol))
     autotuned = autotune.picks(tuners)
     launches = _launches(task, lambda: fn(**inputs))
-    host_us = host_issue_us(lambda: fn(**inputs), task.device)
+    host_us = timing.host_us
     del inputs
     # Checked again after timing, on new inputs: a variant that caches its first answer fails here.
     again = check(fn, reference, make_inputs, task.shape, task.dtype, task.device, [task.seed + 3], task.tolerance)
@@ -128,25 +128,6 @@ def launch_count(launches: dict, roofs: dict) -> float:
     measured per variant (`host_issue_us`) and decides the regime, not the gate."""
     kernels = launches["direct"] + launches["graph"]
     return 1 + (kernels - 1) * roofs["graph_launch_us"] / roofs["launch_us"]
-
-
-def host_issue_us(call, device: str, repeats: int = 7) -> float:
-    """Median host time to issue one call, from a synchronised start to the call's return (no sync):
-    the CPU's side of a call, the least each call costs in a loop of them, whatever the GPU does (the
-    timer hides up to bench.HOST_SLACK_US of it, as a pipelined loop would). Zero on a CPU, where it
-    is the work itself."""
-    if device != "cuda":
-        return 0.0
-    from casebook.bench import _sync
-
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t0) * 1e6)
-    _sync(device)
-    return sorted(times)[len(times) // 2]
 
 
 _launch_counts: dict = {}

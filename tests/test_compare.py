@@ -48,14 +48,32 @@ def test_points_without_a_host_time_compare(tmp_path, capsys):
     assert "- / -" in capsys.readouterr().out
 
 
-def test_a_moved_point_shows_its_p10_and_whether_host_time_reached_the_timing(tmp_path, capsys):
-    moved = copy.deepcopy(RESULT)
+def _moved_with_host(host_us: float, fixed_slack_us: float | None) -> tuple[dict, dict]:
+    """RESULT and a copy whose triton_online point's median moved 10% (the p10 did not) with this host time."""
+    before, moved = copy.deepcopy(RESULT), copy.deepcopy(RESULT)
+    for doc in (before, moved):
+        doc["protocol"]["host_slack_us"] = fixed_slack_us
     point = next(p for p in moved["kernel_level"] if p.get("median_us", 0) > 100 and p["variant"] == "triton_online")
     point["median_us"] *= 1.10  # slow repetitions: the median moved, the p10 did not
-    point["host_issue_us"] = 160.0
-    assert compare.main(write(tmp_path, "a.json", RESULT), write(tmp_path, "b.json", moved)) == 1
+    point["host_issue_us"] = host_us
+    return before, moved
+
+
+def test_a_moved_point_shows_its_p10_and_whether_host_time_passed_a_fixed_delay(tmp_path, capsys):
+    before, moved = _moved_with_host(160.0, fixed_slack_us=100.0)  # a result timed behind a fixed delay
+    assert compare.main(write(tmp_path, "a.json", before), write(tmp_path, "b.json", moved)) == 1
     out = capsys.readouterr().out
-    assert "+10.00%" in out and "+0.00%" in out and "160*" in out and "host jitter reaches that timing" in out
+    assert "+10.00%" in out and "+0.00%" in out and "160*" in out and "host jitter shows" in out
+
+
+def test_behind_the_adaptive_delay_only_a_host_slower_than_the_device_is_marked(tmp_path, capsys):
+    before, moved = _moved_with_host(110.0, fixed_slack_us=None)  # hidden: the point takes over 130 us
+    assert compare.main(write(tmp_path, "a.json", before), write(tmp_path, "b.json", moved)) == 1
+    out = capsys.readouterr().out
+    assert "/ 110" in out and "110*" not in out and "host jitter" not in out
+    before, moved = _moved_with_host(5000.0, fixed_slack_us=None)  # longer than the device ran it
+    assert compare.main(write(tmp_path, "a.json", before), write(tmp_path, "b.json", moved)) == 1
+    assert "5000*" in capsys.readouterr().out
 
 
 def test_points_under_the_floor_are_not_compared(tmp_path):

@@ -122,21 +122,3 @@ def test_launch_floor_is_one_launch_then_in_graph_costs():
     assert launch_count({"direct": 1, "graph": 0}, roofs) == 1
     assert launch_count({"direct": 64, "graph": 0}, roofs) == pytest.approx(1 + 63 * 0.125)
     assert launch_count({"direct": 0, "graph": 64}, roofs) == pytest.approx(1 + 63 * 0.125)
-
-
-def test_host_issue_time_is_zero_on_a_cpu_where_it_is_the_work():
-    from casebook.measure import host_issue_us
-
-    assert host_issue_us(lambda: sum(range(10**5)), "cpu") == 0.0
-
-
-def test_host_issue_time_on_a_gpu_is_the_median_host_time_of_a_call(monkeypatch):
-    import time
-
-    import casebook.bench
-    from casebook.measure import host_issue_us
-
-    syncs = []
-    monkeypatch.setattr(casebook.bench, "_sync", lambda device: syncs.append(device))
-    us = host_issue_us(lambda: time.sleep(0.002), "cuda", repeats=5)
-    assert 2000 <= us < 20000 and syncs == ["cuda"] * 6

@@ -4,8 +4,10 @@ Every point timed in both results (levels 1 and 2) above a floor in microseconds
 the points that moved more than the tolerance are listed, largest first, with what differs between the
 two environments (device, library versions, casebook's sources), so that a reader can tell the
 machine's noise from a change. Two columns help with that: the p10's change (a median that moved while
-the p10 stayed put is a run of slow repetitions, not a slower kernel) and each run's host issue time
-(above bench.HOST_SLACK_US the timer no longer hides it, and the host's own jitter reaches the timing).
+the p10 stayed put is a run of slow repetitions, not a slower kernel) and each run's host issue time,
+starred where the host's own jitter can reach the timing: above the device time (a call that waits on
+the device, such as a loop that copies sizes to the host, runs at the host's pace), or, in results
+timed behind a fixed delay (older results, whose protocol records `host_slack_us`), above that delay.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook import results
-from casebook.bench import HOST_SLACK_US
 from casebook.schema import Result, shape_label
 
 ENVIRONMENT_KEYS = ("device_name", "driver_version", "torch", "triton", "cuda", "casebook_sha256")
@@ -32,9 +33,14 @@ def timed_points(result: Result) -> dict[tuple[str, str, str, str], dict]:
             for level, p in points if p.get("median_us")}
 
 
-def _host(point: dict) -> str:
+def _host_reached(point: dict, fixed_slack_us: float | None) -> bool:
+    us = point.get("host_issue_us") or 0.0
+    return us > (point["median_us"] if fixed_slack_us is None else fixed_slack_us)
+
+
+def _host(point: dict, fixed_slack_us: float | None) -> str:
     us = point.get("host_issue_us")
-    return "-" if us is None else f"{us:.0f}" + ("*" if us > HOST_SLACK_US else "")
+    return "-" if us is None else f"{us:.0f}" + ("*" if _host_reached(point, fixed_slack_us) else "")
 
 
 def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
@@ -53,6 +59,7 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
         if x != y:
             out.print(f"environment differs: {key} {x} vs {y}")
     pa, pb = timed_points(first), timed_points(second)
+    fa, fb = (r.protocol.get("host_slack_us") for r in (first, second))
     ma, mb = ({k: p["median_us"] for k, p in points.items()} for points in (pa, pb))
     rows = sorted(((mb[k] / ma[k] - 1, k) for k in ma.keys() & mb.keys() if min(ma[k], mb[k]) > min_us),
                   key=lambda r: -abs(r[0]))
@@ -67,11 +74,11 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
             level, variant, shape, dtype = key
             a10, b10 = pa[key].get("p10_us"), pb[key].get("p10_us")
             table.add_row(f"{change:+.2%}", f"{b10 / a10 - 1:+.2%}" if a10 and b10 else "-", level, variant, shape,
-                          dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key])} / {_host(pb[key])}")
+                          dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key], fa)} / {_host(pb[key], fb)}")
         out.print(table)
-        if any((p.get("host_issue_us") or 0) > HOST_SLACK_US for _, k in moved for p in (pa[k], pb[k])):
-            out.print(f"* the host took longer to issue the call than the {HOST_SLACK_US:g} us the timer hides: "
-                      "host jitter reaches that timing")
+        if any(_host_reached(p, f) for _, k in moved for p, f in ((pa[k], fa), (pb[k], fb))):
+            out.print("* the host's time to issue the call can reach the timing there (longer than the device "
+                      "ran it, or than the fixed delay an older result was timed behind): host jitter shows")
     only = len(ma.keys() ^ mb.keys())
     out.print(f"{len(rows)} points above {min_us:g} us in both; {len(rows) - len(moved)} within {within:.0%}"
               + (f"; {only} timed in only one of the two" if only else ""))

@@ -1,0 +1,48 @@
+"""The timer's protocol: the host's issue time measured in warm-up and hidden behind the device-side delay."""
+
+import time
+
+import pytest
+
+import casebook.bench as bench
+from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, Protocol, slack_us, time_fn
+
+QUICK = Protocol(warmup_ms=1.0, min_reps=5, max_reps=5, time_cap_s=0.1)
+
+
+def test_slack_hides_the_hosts_p90_with_margin_and_never_drops_under_the_least():
+    assert slack_us([10.0] * 20) == HOST_SLACK_US
+    slow = [200.0] * 9 + [1000.0]  # one slow call in ten does not set the delay alone
+    assert slack_us(slow) == pytest.approx(HOST_SLACK_MARGIN * 280.0)
+    assert slack_us(slow, fixed=50.0) == 50.0
+
+
+def test_cpu_timing_has_no_host_time_and_no_delay():
+    t = time_fn(lambda: sum(range(1000)), "cpu", QUICK)
+    assert t.host_us == 0.0 and t.slack_us == 0.0 and t.summary.repetitions == 5
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The GPU path on a CPU: no-op syncs, a sampler that records the delay it was given."""
+    seen = {}
+
+    def sampler(fn, flush, slack):
+        seen["slack"] = slack
+        return lambda n: [1.0] * n
+
+    monkeypatch.setattr(bench, "_sync", lambda device: None)
+    monkeypatch.setattr(bench, "_cuda_sampler", sampler)
+    return seen
+
+
+def test_gpu_timing_measures_the_host_in_warm_up_and_hides_it(fake_gpu):
+    t = time_fn(lambda: time.sleep(0.002), "cuda", QUICK)
+    assert 2000 <= t.host_us < 20000
+    assert fake_gpu["slack"] == t.slack_us >= HOST_SLACK_MARGIN * 2000
+    assert t.summary.median_us == 1.0  # the device's time, not the host's
+
+
+def test_a_fixed_delay_is_kept_as_given(fake_gpu):
+    t = time_fn(lambda: time.sleep(0.002), "cuda", Protocol(**{**QUICK.as_dict(), "host_slack_us": HOST_SLACK_US}))
+    assert fake_gpu["slack"] == t.slack_us == HOST_SLACK_US
