@@ -9,6 +9,10 @@
 #   bash benchmarks/gpu_session.sh softmax-rerun  # after committing that result: a second full run and
 #                                                 # `casebook compare` against it (run to run)
 #   bash benchmarks/gpu_session.sh softmax-pair   # two consecutive full runs on one machine, compared
+#   bash benchmarks/gpu_session.sh softmax-full   # the committed run (with ncu counters), then a second
+#                                                 # full run on the same machine, compared (run to run)
+#   bash benchmarks/gpu_session.sh checks         # GPU-only softmax tests, harness against do_bench,
+#                                                 # the epilogue-subtiling exploration
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
@@ -51,6 +55,21 @@ case "${1:-}" in
     done
     python3 -m casebook.cli compare "$out/rerun/run1/nvidia-h200/softmax_fusion.json" \
       "$out/rerun/run2/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
+  softmax-full)  # the result to commit (with counters), then a second run on this machine, compared
+    mkdir -p "$out/rerun"
+    run_case softmax_fusion 320 --counters
+    timeout 210 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+      > "$out/logs/softmax_run2.txt" 2>&1
+    echo "softmax run 2: exit $?"
+    python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
+      "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
+  checks)  # quick checks before the long runs
+    timeout 75 python3 -m pytest -q -x -k "bf16 or barriers" tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
+    timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/do_bench.json" > "$out/logs/do_bench.txt" 2>&1
+    cat "$out/logs/do_bench.txt" | head -8
+    timeout 200 python3 benchmarks/explore/epilogue_subtile.py > "$out/logs/epilogue_subtile.txt" 2>&1
+    echo "subtile: exit $?"; cat "$out/logs/epilogue_subtile.txt" ;;
   gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
     run_case gemm_epilogue 250
     timeout 60 python3 benchmarks/epilogue_cost.py "$out/logs/epilogue_cost.json" > "$out/logs/epilogue_cost.txt" 2>&1
@@ -61,7 +80,7 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|gemm|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|checks|gemm|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

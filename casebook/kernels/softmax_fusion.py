@@ -9,9 +9,11 @@ The ladder:
   torch_softmax    the library's fused kernel: 1 read + 1 write when the row fits, more when it does not
   torch_compile    Inductor's generated fused kernel
   triton_onepass   one program per block of rows, the row held on chip: 1 read + 1 write
-  triton_online    rows too long for one program: each row split into chunks, one program per chunk
-                   holding it in registers; the chunks' (max, sum) are exchanged through a per-row
-                   barrier and each program normalises its chunk in place: still one read, one write
+  triton_online    any row length. Up to 16K columns, the one-pass kernel; from 16K to 32K, persistent
+                   programs that stream whole rows with the next two in flight (loads never wait for
+                   a row's reductions); beyond, each row split into chunks, one program per chunk
+                   holding it in registers, the chunks' (max, sum) exchanged through a per-row barrier
+                   and each program normalising its chunk in place: still one read, one write
 """
 
 from __future__ import annotations
