@@ -72,6 +72,7 @@ case "${1:-}" in
     echo "subtile: exit $?"; cat "$out/logs/epilogue_subtile.txt" ;;
   gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
     run_case gemm_epilogue 250
+    timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/do_bench.json" > "$out/logs/do_bench.txt" 2>&1; cat "$out/logs/do_bench.txt" | head -8
     timeout 60 python3 benchmarks/epilogue_cost.py "$out/logs/epilogue_cost.json" > "$out/logs/epilogue_cost.txt" 2>&1
     cat "$out/logs/epilogue_cost.txt"
     run_case gemm_grouped 110

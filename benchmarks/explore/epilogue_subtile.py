@@ -12,6 +12,13 @@ Prediction, written before the run: with SUBTILE and four stages the tanh epilog
 8192 x 8192 x 1024 falls from +13.5% to 8% or less, the plain GEMM moves by under 2%, and the erf
 form gains little (its ~20 instructions per element are serial with the tensor cores either way).
 
+Measured on the H200 (notes/h200-2026-12-01c/epilogue_subtile.txt): **falsified**. At 8192 x 8192 x
+1024 the plain GEMM is unchanged (202.5, 202.1, 201.7 us), but the tanh epilogue costs +12% whole,
++20% in halves with three stages and +20% with four; erf +55%, +53%, +53%. At 4096^3 all three are
+within 2%. The main loop was not short of stages: what the epilogue costs is its own time, serial with
+the tensor cores. The knob was removed after; it is in gemm_common.py of commit ee7dc8a, so to run
+this again:
+    git show ee7dc8a:casebook/kernels/gemm_common.py > casebook/kernels/gemm_common.py
     python3 benchmarks/explore/epilogue_subtile.py          (GPU)
     TRITON_INTERPRET=1 python3 benchmarks/explore/epilogue_subtile.py --check   (CPU, tiny shapes)
 """

@@ -42,16 +42,14 @@ INTERPRETER_SMS = 3
 """Programs of a persistent grid under the interpreter: odd, so that programs get unequal tile counts."""
 
 
-def _configs(gpu: list[tuple], group_m: int = 8, pre_hook=None, persistent: bool = False,
-             **extra) -> list[triton.Config]:
+def _configs(gpu: list[tuple], group_m: int = 8, pre_hook=None, persistent: bool = False) -> list[triton.Config]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps[, PER_SM]) tuples; one tiny config under the
-    interpreter. Persistent schedules also get PER_SM, the programs per SM (default 1); `extra` is
-    passed to every config as further meta-parameters."""
+    interpreter. Persistent schedules also get PER_SM, the programs per SM (default 1)."""
     if INTERPRET:
         gpu, group_m = [(32, 16, 16, 1, 4)], 2
     configs = []
     for bm, bn, bk, s, w, *per_sm in gpu:
-        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m, **extra}
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}
         if persistent:
             meta["PER_SM"] = per_sm[0] if per_sm else 1
         configs.append(triton.Config(meta, num_stages=s, num_warps=w, pre_hook=pre_hook))
@@ -59,12 +57,11 @@ def _configs(gpu: list[tuple], group_m: int = 8, pre_hook=None, persistent: bool
 
 
 def _set_tma_blocks(nargs: dict) -> None:
-    # Host descriptors are built before the autotuner picks a tile: give each the chosen block shape
-    # (C's in halves along N when the epilogue stores the tile in two).
+    # Host descriptors are built before the autotuner picks a tile: give each the chosen block shape.
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     nargs["a_desc"].block_shape = [bm, bk]
     nargs["b_desc"].block_shape = [bk, bn]
-    nargs["c_desc"].block_shape = [bm, bn // 2 if nargs["SUBTILE"] else bn]
+    nargs["c_desc"].block_shape = [bm, bn]
 
 
 # Hopper (sm90, 228 KB shared memory per SM). A 128x256x64 bf16 stage is 48 KB of shared memory, so
@@ -98,7 +95,7 @@ TMA_CONFIGS = _configs([
     (64, 128, 64, 4, 4),
     (128, 128, 64, 3, 8, 2),
     (128, 128, 64, 3, 4, 2),
-], pre_hook=_set_tma_blocks, persistent=True, SUBTILE=False)
+], pre_hook=_set_tma_blocks, persistent=True)
 
 KEY = ["M", "N", "K", "HAS_BIAS", "GELU"]
 
@@ -273,10 +270,11 @@ def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                            HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,
                            NUM_SMS: tl.constexpr, PER_SM: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           GROUP_M: tl.constexpr, SUBTILE: tl.constexpr):
+                           GROUP_M: tl.constexpr):
     # The descriptors carry shape and strides: TMA zero-fills reads past the edge and clips writes,
-    # so the kernel has no masks at all (only the bias load). SUBTILE stores C in two halves along N
-    # (tutorial 09's epilogue subtiling): half the staging buffer, a stage more for the main loop.
+    # so the kernel has no masks at all (only the bias load). Storing C in two halves (tutorial 09's
+    # epilogue subtiling, a fourth stage in the freed shared memory) was measured on an H200 and made
+    # the tanh epilogue dearer: benchmarks/explore/epilogue_subtile.py.
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -293,16 +291,9 @@ def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
             acc = _mma(a, b, acc, UPCAST_DOT)
         tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
-        if SUBTILE:
-            halves = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            for h in tl.static_range(2):
-                offs_cn = pid_n * BLOCK_N + h * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                c = _epilogue(halves[h], bias_ptr, offs_cn, N, HAS_BIAS, GELU)
-                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + h * (BLOCK_N // 2)], c.to(c_desc.dtype))
-        else:
-            offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+        offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 
 # --- launchers ------------------------------------------------------------------------------------
@@ -368,17 +359,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, g
     bias_arg = bias if has_bias else c  # never read when HAS_BIAS is False
     flags = dict(HAS_BIAS=has_bias, GELU=gelu, UPCAST_DOT=a.dtype == torch.bfloat16 and not a.is_cuda)
 
+    sms = num_sms(a)
     tiles = lambda meta: triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])  # noqa: E731
-    persistent_grid = lambda meta: (min(num_sms(a) * meta["PER_SM"], tiles(meta)),)  # noqa: E731
+    persistent_grid = lambda meta: (min(sms * meta["PER_SM"], tiles(meta)),)  # noqa: E731
     if schedule == "tma_persistent" and tma_supported(a, b, c):
         descs = [TensorDescriptor.from_tensor(t, [1, 1]) for t in (a, b, c)]  # blocks set per config
-        _tma_persistent_kernel[persistent_grid](*descs, bias_arg, M, N, K, NUM_SMS=num_sms(a), **flags)
+        _tma_persistent_kernel[persistent_grid](*descs, bias_arg, M, N, K, NUM_SMS=sms, **flags)
         return c
     args = (a, b, c, bias_arg, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if schedule == "tiled":
         _tiled_kernel[lambda meta: (tiles(meta),)](*args, **flags)
     elif schedule in ("persistent", "tma_persistent"):
-        _persistent_kernel[persistent_grid](*args, NUM_SMS=num_sms(a), **flags)
+        _persistent_kernel[persistent_grid](*args, NUM_SMS=sms, **flags)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")
     return c
