@@ -11,6 +11,8 @@
 #   bash benchmarks/gpu_session.sh softmax-pair   # two consecutive full runs on one machine, compared
 #   bash benchmarks/gpu_session.sh softmax-full   # the committed run (with ncu counters), then a second
 #                                                 # full run on the same machine, compared (run to run)
+#   bash benchmarks/gpu_session.sh softmax-run    # the committed run alone (with ncu counters)
+#   bash benchmarks/gpu_session.sh gemm-runs      # the three GEMM cases alone
 #   bash benchmarks/gpu_session.sh checks         # GPU-only softmax tests, harness against do_bench,
 #                                                 # the epilogue-subtiling exploration
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
@@ -63,6 +65,13 @@ case "${1:-}" in
     echo "softmax run 2: exit $?"
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
+  softmax-run)  # the result to commit alone (with counters)
+    run_case softmax_fusion 320 --counters ;;
+  gemm-runs)  # the three GEMM cases alone, after the host-time breakdown
+    timeout 60 python3 benchmarks/explore/host_overhead.py > "$out/logs/host_overhead.txt" 2>&1; head -9 "$out/logs/host_overhead.txt"
+    run_case gemm_epilogue 250
+    run_case gemm_grouped 130
+    run_case gemm_tiled 200 ;;
   checks)  # quick checks before the long runs
     timeout 75 python3 -m pytest -q -x -k "bf16 or barriers" tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
@@ -81,7 +90,7 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|checks|gemm|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

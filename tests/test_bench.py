@@ -46,3 +46,11 @@ def test_gpu_timing_measures_the_host_in_warm_up_and_hides_it(fake_gpu):
 def test_a_fixed_delay_is_kept_as_given(fake_gpu):
     t = time_fn(lambda: time.sleep(0.002), "cuda", Protocol(**{**QUICK.as_dict(), "host_slack_us": HOST_SLACK_US}))
     assert fake_gpu["slack"] == t.slack_us == HOST_SLACK_US
+
+
+def test_pipelined_host_time_issues_calls_back_to_back(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(bench, "_sync", lambda device: syncs.append(device))
+    us = bench.pipelined_host_us(lambda: time.sleep(0.001), calls=5)
+    assert 1000 <= us < 10000
+    assert syncs == ["cuda", "cuda"]  # one before the loop, one after: no wait between the calls

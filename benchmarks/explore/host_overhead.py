@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from casebook.bench import pipelined_host_us
 from casebook.kernels import gemm_common as gc
 from casebook.kernels import softmax_fusion as sf
 
@@ -54,7 +55,9 @@ def main():
     }
     for label, fn in calls.items():
         med, p10, p90 = host_us(fn)
-        print(f"{label:40s} host median {med:7.1f} us  p10 {p10:7.1f}  p90 {p90:7.1f}", flush=True)
+        loop = pipelined_host_us(fn, 20)
+        print(f"{label:40s} host median {med:7.1f} us  p10 {p10:7.1f}  p90 {p90:7.1f}  in a loop {loop:7.1f}",
+              flush=True)
     fn = calls["gc.matmul tma_persistent bias+tanh"]
     prof = cProfile.Profile()
     prof.enable()

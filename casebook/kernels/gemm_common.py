@@ -24,6 +24,7 @@ configuration so that tests at awkward shapes run in seconds on a CPU.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -312,10 +313,17 @@ def device_generator(generator: torch.Generator, device: str) -> torch.Generator
     return torch.Generator(device=device).manual_seed(seed)
 
 
+@functools.cache
+def _device_properties(index: int):
+    # torch looks the properties up on every call (~3 us each, four per GEMM call: measured on an H200,
+    # notes/h200-2026-12-01c/host_overhead.txt); they do not change while the process lives.
+    return torch.cuda.get_device_properties(index)
+
+
 def num_sms(t: torch.Tensor) -> int:
     """Programs of a persistent grid: the SM count on a GPU, a small odd number under the interpreter."""
     if t.is_cuda:
-        return torch.cuda.get_device_properties(t.device).multi_processor_count
+        return _device_properties(t.device.index).multi_processor_count
     return INTERPRETER_SMS
 
 
@@ -330,7 +338,7 @@ def tma_supported(*tensors: torch.Tensor) -> bool:
     if TensorDescriptor is None:
         return False
     for t in tensors:
-        if t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
+        if t.is_cuda and _device_properties(t.device.index).major < 9:
             return False
         if t.stride(-1) != 1 or t.data_ptr() % 16:
             return False
