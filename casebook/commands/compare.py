@@ -5,9 +5,10 @@ the points that moved more than the tolerance are listed, largest first, with wh
 two environments (device, library versions, casebook's sources), so that a reader can tell the
 machine's noise from a change. Two columns help with that: the p10's change (a median that moved while
 the p10 stayed put is a run of slow repetitions, not a slower kernel) and each run's host issue time,
-starred where the host's own jitter can reach the timing: above the device time (a call that waits on
-the device, such as a loop that copies sizes to the host, runs at the host's pace), or, in results
-timed behind a fixed delay (older results, whose protocol records `host_slack_us`), above that delay.
+starred where the host decides more than the kernel: above the device time (host-bound; the timer hides
+the host unless the call itself waits on the device, as a loop that copies sizes to the host does),
+or, in older results timed behind a fixed delay (their protocol records `host_slack_us`), above that
+delay, where the host's jitter reached the timing.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
                           dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key], fa)} / {_host(pb[key], fb)}")
         out.print(table)
         if any(_host_reached(p, f) for _, k in moved for p, f in ((pa[k], fa), (pb[k], fb))):
-            out.print("* the host's time to issue the call can reach the timing there (longer than the device "
-                      "ran it, or than the fixed delay an older result was timed behind): host jitter shows")
+            out.print("* host-bound: issuing the call took longer than the device ran it (hidden from the timing "
+                      "unless the call waits on the device), or, in an older result, longer than the fixed delay "
+                      "it was timed behind (host jitter reached the timing)")
     only = len(ma.keys() ^ mb.keys())
     out.print(f"{len(rows)} points above {min_us:g} us in both; {len(rows) - len(moved)} within {within:.0%}"
               + (f"; {only} timed in only one of the two" if only else ""))
