@@ -59,7 +59,7 @@ class Timing:
     summary: Summary
     timer: str
     host_us: float = 0.0
-    """Median host time to issue one call in a back-to-back loop of calls (`pipelined_host_us`); 0 on a CPU."""
+    """The host's time to issue one call (`host_issue_us`); 0 on a CPU."""
     slack_us: float = 0.0
     """The device-side delay each GPU repetition started behind."""
 
@@ -107,7 +107,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
         fn()
         host.append((time.perf_counter() - t0) * 1e6)
         _sync(device)
-    host_us = pipelined_host_us(fn, min(len(host), PIPELINED_CALLS)) if device == "cuda" else 0.0
+    host_us = host_issue_us(fn, host) if device == "cuda" else 0.0
     slack = slack_us(host, protocol.host_slack_us)
 
     if device == "cuda":
@@ -134,10 +134,8 @@ PIPELINED_CALLS = 20
 
 
 def pipelined_host_us(fn: Callable[[], object], calls: int) -> float:
-    """Median host time per call of `calls` calls issued back to back, as a loop of them would be:
-    what each call costs the host when it does not start from an idle, synchronised device (on an
-    H200, one TMA GEMM call took 92-185 us from a synchronised start, p10 to p90: the host's own state
-    after a wait, not the call). A call that waits on the device inside pays that wait here too."""
+    """Median host time per call of `calls` calls issued back to back, as a loop of them would be. A
+    call that waits on the device inside pays that wait here too."""
     _sync("cuda")
     stamps = [time.perf_counter()]
     for _ in range(max(calls, 2)):
@@ -145,6 +143,18 @@ def pipelined_host_us(fn: Callable[[], object], calls: int) -> float:
         stamps.append(time.perf_counter())
     _sync("cuda")
     return float(np.median(np.diff(stamps))) * 1e6
+
+
+def host_issue_us(fn: Callable[[], object], synced_us: list[float]) -> float:
+    """The host's own time to issue one call: the lesser of two measurements, each of which can only
+    overstate it. From a synchronised start (`synced_us`, the warm-up calls), a host just back from
+    waiting is slow (cold caches, clocks); in a back-to-back loop (`pipelined_host_us`), a call that
+    waits on the device inside (a copy of sizes to the host) pays the device's time as well.
+    Measured on an H200 (2026-12-01c, notes/h200-2026-12-01c/host_overhead-after.txt and the
+    gemm_grouped runs): the tiled Triton GEMM took 62 us from a synchronised start and 46 us in a loop,
+    the TMA GEMM 77 and 73 us; a CUDA-graph replay that first copies its group sizes to the host 65 us
+    from a synchronised start and, in a loop, the 700 us its graph runs on the device."""
+    return min(float(np.median(synced_us)), pipelined_host_us(fn, min(len(synced_us), PIPELINED_CALLS)))
 
 
 HOST_SLACK_US = 100.0

@@ -54,3 +54,10 @@ def test_pipelined_host_time_issues_calls_back_to_back(monkeypatch):
     us = bench.pipelined_host_us(lambda: time.sleep(0.001), calls=5)
     assert 1000 <= us < 10000
     assert syncs == ["cuda", "cuda"]  # one before the loop, one after: no wait between the calls
+
+
+def test_host_issue_time_is_the_lesser_of_the_synchronised_and_the_pipelined(monkeypatch):
+    monkeypatch.setattr(bench, "_sync", lambda device: None)
+    quick = lambda: time.sleep(0.001)  # noqa: E731
+    assert bench.host_issue_us(quick, [5000.0] * 4) < 5000.0  # a cold host after each wait: the loop wins
+    assert bench.host_issue_us(quick, [50.0] * 4) == 50.0  # a call that waits on the device: the cold start wins
