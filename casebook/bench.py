@@ -7,7 +7,7 @@ repetitions until the median is stable or the time cap is hit; median, p10, p90 
 
 On a GPU the timing is the device's: the host's time to issue the call is measured during warm-up and
 hidden behind a device-side delay before each repetition (`host_slack_us`), so a slow or jittery host
-neither adds to nor scatters the time. The host's cost per call in a loop of calls is kept beside it
+neither adds to nor scatters the time. The host's own time to issue a call is kept beside it
 (`Timing.host_us`; casebook.roofline files a point under "launch" where it exceeds every floor). A
 call that waits for the device itself (a copy to the host) cannot be hidden: its time includes the
 host's, as it would in a loop.

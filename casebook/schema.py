@@ -415,8 +415,9 @@ class Point(Open):
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof reached.")
     regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or launch.")
     host_issue_us: float | None = Field(
-        default=None, description="Median host time to issue one call in a back-to-back loop of calls (GPU only, measured "
-                                 "in warm-up and hidden from the timing); above every floor it makes the point launch-bound.")
+        default=None, description="Host time to issue one call (GPU only; measured in warm-up, hidden from the timing): "
+                                 "the lesser of the median from a synchronised start and the median per call in a "
+                                 "back-to-back loop. Above every floor it makes the point launch-bound.")
     autotuned: dict[str, str] | None = Field(
         default=None, description="Configuration each Triton autotuner ran in the timed calls, by module.kernel.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
