@@ -10,6 +10,12 @@ Prediction, written before the run: most of the time is in Triton's launch path 
 the descriptors' handling), not in casebook's wrapper; the tiled schedule (no descriptors) costs
 half as much.
 
+Measured (notes/h200-2026-12-01c/host_overhead.txt, then host_overhead-after.txt once gemm_common
+cached the device properties): the first half held, the second did not. Under cProfile the
+autotuner's dispatch and Triton's launch were 55% of the call, casebook's TMA check 19% (12 us
+without the profiler, 8 us after the fix), the three descriptors 9 us. The tiled schedule cost 86%
+of the TMA call, not half (87 against 102 us; 62 against 77 us in the second run).
+
     python3 benchmarks/explore/host_overhead.py          (GPU)
 """
 import cProfile
