@@ -69,12 +69,28 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def l2_bytes() -> int:
+    """The GPU's L2 size (64 MiB where torch does not say)."""
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20) or 64 * 2**20
+
+
+MAX_INPUT_SETS = 256
+"""Most copies of a call's inputs taken in turn (inputs of a few KB stay in cache whatever is done)."""
+
+
+def input_sets(input_bytes: int, l2: int) -> int:
+    """Copies of a call's inputs to take in turn where nothing flushes the cache between calls (CUDA-graph
+    replay): enough to span twice the L2, so each call finds its inputs in memory, not in L2."""
+    if input_bytes <= 0 or input_bytes >= 2 * l2:
+        return 1
+    return min(MAX_INPUT_SETS, -(-2 * l2 // input_bytes))
+
+
 class _L2Flusher:
     """Writes a buffer twice the L2 size, evicting whatever the last repetition left there."""
 
     def __init__(self) -> None:
-        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20) or 64 * 2**20
-        self.buffer = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        self.buffer = torch.empty(2 * l2_bytes() // 4, dtype=torch.int32, device="cuda")
         self.bytes = self.buffer.numel() * 4
 
     def __call__(self) -> None:
@@ -95,8 +111,9 @@ def _get_flusher() -> _L2Flusher:
     return _flusher
 
 
-def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol()) -> Timing:
-    """Time `fn()` (which launches the work) on `device`: 'cuda' or 'cpu'."""
+def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol(), input_sets: int = 1) -> Timing:
+    """Time `fn()` (which launches the work) on `device`: 'cuda' or 'cpu'. `input_sets`: how many
+    different inputs `fn` takes in turn; a CUDA graph captures at least that many calls."""
     fn()  # a caller that has not called fn yet pays JIT / autotune / compile here, outside the timing
     _sync(device)
 
@@ -111,7 +128,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
     slack = slack_us(host, protocol.host_slack_us)
 
     if device == "cuda":
-        sample, timer = (_cuda_graph_sampler(fn) if protocol.graph else _cuda_sampler(fn, protocol.cache == "cold", slack),
+        sample, timer = (_cuda_graph_sampler(fn, max(GRAPH_CALLS, input_sets)) if protocol.graph else _cuda_sampler(fn, protocol.cache == "cold", slack),
                          "cuda graph replay" if protocol.graph else "cuda events")
     else:
         sample, timer = _cpu_sampler(fn, protocol.cache == "cold"), "time.perf_counter_ns"
@@ -196,8 +213,9 @@ def _cuda_sampler(fn: Callable[[], object], flush: bool, slack: float) -> Callab
 GRAPH_CALLS = 20
 
 
-def _cuda_graph_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]]:
-    """Replay a graph of GRAPH_CALLS calls; one sample is the replay time over GRAPH_CALLS (warm L2)."""
+def _cuda_graph_sampler(fn: Callable[[], object], calls: int) -> Callable[[int], list[float]]:
+    """Replay a graph of `calls` calls; one sample is the replay time over `calls`. Nothing is flushed
+    between them: a cold-cache case gives `fn` inputs to take in turn (`input_sets`), all inside the graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -205,7 +223,7 @@ def _cuda_graph_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
     graph.replay()
     torch.cuda.synchronize()
@@ -218,7 +236,7 @@ def _cuda_graph_sampler(fn: Callable[[], object]) -> Callable[[int], list[float]
             graph.replay()
             e.record()
         torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 / GRAPH_CALLS for s, e in zip(starts, ends)]
+        return [s.elapsed_time(e) * 1e3 / calls for s, e in zip(starts, ends)]
 
     return sample
 

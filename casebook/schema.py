@@ -170,7 +170,8 @@ class KernelLevel(Strict):
     cache: Literal["cold", "warm"] = Field(
         default="cold", description="`cold`: L2 flushed before each repetition; `warm`: data may sit in cache."
     )
-    graph: bool = Field(default=False, description="Time by CUDA-graph replay (for launch-bound kernels).")
+    graph: bool = Field(default=False, description="Time by CUDA-graph replay (for launch-bound kernels); with `cold`, "
+                                                   "the graph's calls take copies of the inputs in turn, spanning twice the L2.")
     counters_shape: Shape | None = Field(
         default=None, description="Level-1 shape at which `run --counters` reads DRAM bytes (default: the largest)."
     )
@@ -406,6 +407,8 @@ class Point(Open):
     p90_us: float | None = Field(default=None, description="90th percentile time per call, microseconds.")
     cv: float | None = Field(default=None, description="Coefficient of variation of the timings (std / mean).")
     repetitions: int | None = Field(default=None, description="Timed repetitions.")
+    input_sets: int | None = Field(
+        default=None, description="Copies of the inputs taken in turn (CUDA-graph replay with a cold cache); absent: one.")
     flops: float | None = Field(default=None, description="FLOPs from the traffic model.")
     bytes: float | None = Field(default=None, description="Bytes moved, from the traffic model.")
     gbps: float | None = Field(default=None, description="Achieved bandwidth: bytes over the median time, GB/s.")

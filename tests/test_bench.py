@@ -61,3 +61,27 @@ def test_host_issue_time_is_the_lesser_of_the_synchronised_and_the_pipelined(mon
     quick = lambda: time.sleep(0.001)  # noqa: E731
     assert bench.host_issue_us(quick, [5000.0] * 4) < 5000.0  # a cold host after each wait: the loop wins
     assert bench.host_issue_us(quick, [50.0] * 4) == 50.0  # a call that waits on the device: the cold start wins
+
+
+def test_rotating_inputs_span_twice_the_l2_within_a_bound():
+    l2 = 50 * 2**20
+    assert bench.input_sets(2**20, l2) == 100  # 1 MiB inputs: 100 copies are twice a 50 MiB L2
+    assert bench.input_sets(2 * l2, l2) == 1  # already twice the L2: one set is cold by itself
+    assert bench.input_sets(4096, l2) == bench.MAX_INPUT_SETS  # a few KB stay cached whatever is done
+    assert bench.input_sets(0, l2) == 1
+
+
+def test_a_graph_captures_a_call_for_every_input_set(monkeypatch):
+    seen = {}
+
+    def graph_sampler(fn, calls):
+        seen["calls"] = calls
+        return lambda n: [1.0] * n
+
+    monkeypatch.setattr(bench, "_sync", lambda device: None)
+    monkeypatch.setattr(bench, "_cuda_graph_sampler", graph_sampler)
+    graph = Protocol(**{**QUICK.as_dict(), "graph": True})
+    time_fn(lambda: None, "cuda", graph)
+    assert seen["calls"] == bench.GRAPH_CALLS
+    time_fn(lambda: None, "cuda", graph, input_sets=100)
+    assert seen["calls"] == 100

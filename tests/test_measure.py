@@ -122,3 +122,26 @@ def test_launch_floor_is_one_launch_then_in_graph_costs():
     assert launch_count({"direct": 1, "graph": 0}, roofs) == 1
     assert launch_count({"direct": 64, "graph": 0}, roofs) == pytest.approx(1 + 63 * 0.125)
     assert launch_count({"direct": 0, "graph": 64}, roofs) == pytest.approx(1 + 63 * 0.125)
+
+
+def _task(**protocol):
+    from casebook.measure import Task
+
+    return Task(kind="point", module="m", variant="v", fn="f", shape={"n": 1024}, dtype="fp32", level="kernel",
+                device="cuda", timed=True, seed=7, protocol=protocol)
+
+
+def test_a_cold_graph_point_is_timed_on_inputs_taken_in_turn(monkeypatch):
+    import torch
+
+    import casebook.bench
+    from casebook.bench import Protocol
+    from casebook.measure import _timed_inputs
+
+    monkeypatch.setattr(casebook.bench, "l2_bytes", lambda: 64 * 1024)  # 4 KiB inputs: 32 copies span 128 KiB
+    make = lambda shape, dtype, device, g: {"x": torch.randn(shape["n"], generator=g, dtype=dtype)}  # noqa: E731
+    sets = _timed_inputs(_task(), Protocol(graph=True, cache="cold"), make)
+    assert len(sets) == 32
+    assert not torch.equal(sets[0]["x"], sets[1]["x"])  # fresh random copies, not one tensor repeated
+    assert len(_timed_inputs(_task(), Protocol(graph=True, cache="warm"), make)) == 1  # warm: cached on purpose
+    assert len(_timed_inputs(_task(), Protocol(), make)) == 1  # events: the flush empties L2 each time
