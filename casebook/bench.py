@@ -125,13 +125,14 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
         host.append((time.perf_counter() - t0) * 1e6)
         _sync(device)
     host_us = host_issue_us(fn, host) if device == "cuda" else 0.0
-    slack = slack_us(host, protocol.host_slack_us)
-
-    if device == "cuda":
-        sample, timer = (_cuda_graph_sampler(fn, max(GRAPH_CALLS, input_sets)) if protocol.graph else _cuda_sampler(fn, protocol.cache == "cold", slack),
-                         "cuda graph replay" if protocol.graph else "cuda events")
-    else:
+    slack = 0.0  # the events sampler's delay; none on a CPU or in a graph
+    if device != "cuda":
         sample, timer = _cpu_sampler(fn, protocol.cache == "cold"), "time.perf_counter_ns"
+    elif protocol.graph:
+        sample, timer = _cuda_graph_sampler(fn, max(GRAPH_CALLS, input_sets)), "cuda graph replay"
+    else:
+        slack = slack_us(host, protocol.host_slack_us)
+        sample, timer = _cuda_sampler(fn, protocol.cache == "cold", slack), "cuda events"
 
     times: list[float] = []
     cap = time.perf_counter() + protocol.time_cap_s
@@ -143,7 +144,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
                        or time.perf_counter() > cap):
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    return Timing(summarize(times), timer, host_us, slack if device == "cuda" and not protocol.graph else 0.0)
+    return Timing(summarize(times), timer, host_us, slack)
 
 
 PIPELINED_CALLS = 20

@@ -94,7 +94,6 @@ def _point(task: Task, mod) -> dict:
     timing = time_fn(call, task.device, protocol, input_sets=len(sets))
     autotuned = autotune.picks(tuners)
     launches = _launches(task, call)
-    host_us = timing.host_us
     if len(sets) > 1:
         out["input_sets"] = len(sets)
     del sets, rotation, call
@@ -116,12 +115,12 @@ def _point(task: Task, mod) -> dict:
     n_launch = launch_count(launches, task.roofs)
     try:
         p = place(traffic.flops, traffic.bytes, n_launch, s.median_us, roofs,
-                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us)
+                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=timing.host_us)
     except FasterThanPhysics as e:
         return {**out, "status": "failed", "error": str(e)}
     out.update(gbps=p.gbps, tflops=p.tflops, arithmetic_intensity=p.arithmetic_intensity, floor_us=p.floor_us,
                compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
-               launch_floor_us=p.launch_floor_us, host_issue_us=host_us, roof_fraction=p.roof_fraction, regime=p.regime,
+               launch_floor_us=p.launch_floor_us, host_issue_us=timing.host_us, roof_fraction=p.roof_fraction, regime=p.regime,
                attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
                bandwidth_roof_gbps=roofs.bandwidth_gbps)
     return out
