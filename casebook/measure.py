@@ -55,9 +55,7 @@ def work(task: Task) -> dict:
 
 
 def _point(task: Task, mod) -> dict:
-    import torch
-
-    from casebook.bench import Protocol, _sync, time_fn
+    from casebook.bench import Protocol, _sync
     from casebook.check import TORCH_DTYPES, check
     from casebook.roofline import FasterThanPhysics, Roofs, place
 
@@ -85,18 +83,9 @@ def _point(task: Task, mod) -> dict:
     if not task.timed:
         return {**out, "status": "checked"}
 
-    protocol = Protocol(**task.protocol)
-    sets = _timed_inputs(task, protocol, make_inputs)
-    rotation = itertools.cycle(sets)
-    call = lambda: fn(**next(rotation))  # noqa: E731
-    tuners = autotune.autotuners(KERNELS_PACKAGE)
-    autotune.forget(tuners)
-    timing = time_fn(call, task.device, protocol, input_sets=len(sets))
-    autotuned = autotune.picks(tuners)
-    launches = _launches(task, call)
-    if len(sets) > 1:
-        out["input_sets"] = len(sets)
-    del sets, rotation, call
+    timing, autotuned, launches, n_sets = _timed(task, fn, Protocol(**task.protocol), make_inputs)
+    if n_sets > 1:
+        out["input_sets"] = n_sets
     # Checked again after timing, on new inputs: a variant that caches its first answer fails here.
     again = check(fn, reference, make_inputs, task.shape, task.dtype, task.device, [task.seed + 3], task.tolerance)
     if not again.correct:
@@ -124,6 +113,20 @@ def _point(task: Task, mod) -> dict:
                attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
                bandwidth_roof_gbps=roofs.bandwidth_gbps)
     return out
+
+
+def _timed(task: Task, fn, protocol, make_inputs) -> tuple:
+    """Time `fn` on its timing inputs: (timing, autotuner picks, launches per call, input sets). The
+    inputs are freed on return, before the check that follows."""
+    from casebook.bench import time_fn
+
+    sets = _timed_inputs(task, protocol, make_inputs)
+    rotation = itertools.cycle(sets)
+    call = lambda: fn(**next(rotation))  # noqa: E731
+    tuners = autotune.autotuners(KERNELS_PACKAGE)
+    autotune.forget(tuners)
+    timing = time_fn(call, task.device, protocol, input_sets=len(sets))
+    return timing, autotune.picks(tuners), _launches(task, call), len(sets)
 
 
 def _timed_inputs(task: Task, protocol, make_inputs) -> list[dict]:
