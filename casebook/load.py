@@ -230,13 +230,14 @@ def parse(text: str, path: str | Path) -> tuple[Any, dict[Loc, int]]:
         return _build(CaseLoader, text, path)
     except yaml.YAMLError as fast:
         error = fast
-    if _BaseLoader is not yaml.SafeLoader:  # libyaml is terse: read again for a clearer message
+    if _BaseLoader is not yaml.SafeLoader:
+        # libyaml is terse, and scans ahead: read again, in order. A CaseError found on the way (as
+        # with flow collections nested past MAX_DEPTH, which libyaml 0.2.5 refuses 1000 levels in,
+        # before an event reaches the depth check) is the file's first problem, with its field.
         try:
             _build(_PureLoader, text, path)
         except yaml.YAMLError as slow:
             error = slow
-        except CaseError:
-            pass
     raise _syntax_error(error, text, path)
 
 
