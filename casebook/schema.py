@@ -403,6 +403,8 @@ class Point(Open):
     correct: bool | None = Field(default=None, description="Whether the output matched the float64 reference.")
     max_rel_err: float | None = Field(default=None, description="Largest normwise relative error over the checks.")
     median_us: float | None = Field(default=None, description="Median time per call, microseconds.")
+    median_ci_us: list[float] | None = Field(
+        default=None, description="The median's 95% confidence interval (order statistics), microseconds.")
     p10_us: float | None = Field(default=None, description="10th percentile time per call, microseconds.")
     p90_us: float | None = Field(default=None, description="90th percentile time per call, microseconds.")
     cv: float | None = Field(default=None, description="Coefficient of variation of the timings (std / mean).")

@@ -17,6 +17,9 @@ class Summary:
     cv: float
     repetitions: int
     min_us: float = 0.0
+    ci_lo_us: float = 0.0
+    ci_hi_us: float = 0.0
+    """The median's 95% confidence interval (`median_ci`)."""
 
     @property
     def spread(self) -> float:
@@ -32,6 +35,7 @@ def summarize(times_us: list[float] | np.ndarray) -> Summary:
     if t.size == 0:
         raise ValueError("no timings to summarize")
     mean = float(t.mean())
+    lo, hi = median_ci(t)
     return Summary(
         median_us=float(np.median(t)),
         p10_us=float(np.percentile(t, 10)),
@@ -40,16 +44,34 @@ def summarize(times_us: list[float] | np.ndarray) -> Summary:
         cv=float(t.std(ddof=1) / mean) if t.size > 1 else 0.0,
         repetitions=int(t.size),
         min_us=float(t.min()),
+        ci_lo_us=lo,
+        ci_hi_us=hi,
     )
 
 
+Z95 = 1.959964
+
+
+def median_ci(times_us: list[float] | np.ndarray, z: float = Z95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median (95% by default): the order statistics of ranks
+    n/2 -+ z sqrt(n)/2, from the binomial count of samples below the true median. It assumes nothing about
+    the distribution's shape: a few outliers widen it by their number, not their size, and a bimodal or
+    skewed distribution gets an honest width (a normal-theory error of the median does neither)."""
+    t = np.sort(np.asarray(times_us, dtype=np.float64))
+    n = t.size
+    half = z * math.sqrt(n) / 2
+    lo = max(math.floor(n / 2 - half), 1)
+    hi = min(math.ceil(n / 2 + 1 + half), n)
+    return float(t[lo - 1]), float(t[hi - 1])
+
+
 def median_stable(times_us: list[float], target: float) -> bool:
-    """True when the median's relative standard error (1.2533 sigma / sqrt(n)) is under `target`."""
-    n = len(times_us)
-    if n < 5:
+    """True when the median's 95% confidence interval (`median_ci`) is narrower than `target` of the
+    median on either side."""
+    if len(times_us) < 5:
         return False
-    t = np.asarray(times_us)
-    return 1.2533 * t.std(ddof=1) / math.sqrt(n) / np.median(t) < target
+    lo, hi = median_ci(times_us)
+    return (hi - lo) / 2 < target * float(np.median(times_us))
 
 
 def weighted_geomean(values: list[float], weights: list[float]) -> float:

@@ -16,7 +16,7 @@ from casebook.kernels import gemm_common as gc
 
 
 def main():
-    proto = Protocol(time_cap_s=0.3, target_rse=0.005)
+    proto = Protocol(time_cap_s=0.3, target_ci=0.01)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (4096, 8192):
         a = torch.randn(n, n, device="cuda").to(torch.bfloat16)

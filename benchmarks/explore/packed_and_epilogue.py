@@ -26,7 +26,7 @@ from casebook.bench import Protocol, time_fn
 from casebook.kernels import gemm_common as gc
 from casebook.kernels import softmax_fusion as sf
 
-PROTO = Protocol(time_cap_s=0.3, target_rse=0.01)
+PROTO = Protocol(time_cap_s=0.3, target_ci=0.02)
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 t0 = time.time()
 

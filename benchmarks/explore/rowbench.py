@@ -7,7 +7,7 @@ import torch
 
 from casebook.bench import Protocol, time_fn
 
-PROTO = Protocol(time_cap_s=0.2, target_rse=0.01)
+PROTO = Protocol(time_cap_s=0.2, target_ci=0.02)
 
 
 def logits(n_rows: int, n_cols: int, dtype: torch.dtype):
