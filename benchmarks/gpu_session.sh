@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_session.sh softmax-full   # the committed run (with ncu counters), then a second
 #                                                 # full run on the same machine, compared (run to run)
 #   bash benchmarks/gpu_session.sh softmax-run    # the committed run alone (with ncu counters)
-#   bash benchmarks/gpu_session.sh gemm-runs      # the three GEMM cases alone
+#   bash benchmarks/gpu_session.sh gemm-runs      # harness against do_bench, the three GEMM cases
 #   bash benchmarks/gpu_session.sh checks         # GPU-only softmax tests, harness against do_bench,
 #                                                 # the epilogue-subtiling exploration
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
@@ -60,15 +60,15 @@ case "${1:-}" in
   softmax-full)  # the result to commit (with counters), then a second run on this machine, compared
     mkdir -p "$out/rerun"
     run_case softmax_fusion 320 --counters
-    timeout 210 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
       > "$out/logs/softmax_run2.txt" 2>&1
     echo "softmax run 2: exit $?"
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   softmax-run)  # the result to commit alone (with counters)
     run_case softmax_fusion 320 --counters ;;
-  gemm-runs)  # the three GEMM cases alone, after the host-time breakdown
-    timeout 60 python3 benchmarks/explore/host_overhead.py > "$out/logs/host_overhead.txt" 2>&1; head -9 "$out/logs/host_overhead.txt"
+  gemm-runs)  # the harness against do_bench and the profiler, then the three GEMM cases
+    timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/do_bench.json" > "$out/logs/do_bench.txt" 2>&1; head -8 "$out/logs/do_bench.txt"
     run_case gemm_epilogue 250
     run_case gemm_grouped 130
     run_case gemm_tiled 200 ;;

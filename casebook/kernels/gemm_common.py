@@ -315,8 +315,9 @@ def device_generator(generator: torch.Generator, device: str) -> torch.Generator
 
 @functools.cache
 def _device_properties(index: int):
-    # torch looks the properties up on every call (~3 us each, four per GEMM call: measured on an H200,
-    # notes/h200-2026-12-01c/host_overhead.txt); they do not change while the process lives.
+    # torch looks the properties up on every call, four times per GEMM call here (on an H200, 1200
+    # lookups took 15 ms under cProfile: notes/h200-2026-12-01c/host_overhead.txt, which inflates
+    # small calls); they do not change while the process lives.
     return torch.cuda.get_device_properties(index)
 
 
