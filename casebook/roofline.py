@@ -18,7 +18,7 @@ near 1, which would let any time through; a model 30% off the hardware is wrong 
 
 
 class FasterThanPhysics(ValueError):
-    """A measured time under the roofline floor: the byte or FLOP model, or the timing, is wrong."""
+    """A measured time under the roofline floor: the byte or FLOP model, the timing, or the ceiling is wrong."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
         raise FasterThanPhysics(
             f"faster than physics: {median_us:.2f} us is under the {floor_regime} floor of {floor:.2f} us "
             f"({flops:.3g} FLOP, {bytes_moved:.3g} B, {launches:g} launches): "
-            "the byte or FLOP model, or the timing, is wrong"
+            "the byte or FLOP model, or the timing, is wrong (or the machine's ceiling was measured low: "
+            "`casebook hardware --remeasure`)"
         )
     return Placement(
         arithmetic_intensity=flops / bytes_moved if bytes_moved else float("inf"),
