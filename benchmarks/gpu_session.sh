@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_session.sh softmax-full   # the committed run (with ncu counters), then a second
 #                                                 # full run on the same machine, compared (run to run)
 #   bash benchmarks/gpu_session.sh softmax-run    # the committed run alone (with ncu counters)
-#   bash benchmarks/gpu_session.sh gemm-runs      # harness against do_bench, the three GEMM cases
+#   bash benchmarks/gpu_session.sh gemm-runs      # the ceilings, then the three GEMM cases
 #   bash benchmarks/gpu_session.sh checks         # GPU-only softmax tests, harness against do_bench,
 #                                                 # the epilogue-subtiling exploration
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
@@ -67,8 +67,8 @@ case "${1:-}" in
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   softmax-run)  # the result to commit alone (with counters)
     run_case softmax_fusion 320 --counters ;;
-  gemm-runs)  # the harness against do_bench and the profiler, then the three GEMM cases
-    timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/do_bench.json" > "$out/logs/do_bench.txt" 2>&1; head -8 "$out/logs/do_bench.txt"
+  gemm-runs)  # the machine's ceilings (measured once, shared by the runs), then the three GEMM cases
+    timeout 120 python3 -m casebook.cli hardware > "$out/logs/hardware.txt" 2>&1; echo "hardware: exit $?"; cat "$out/logs/hardware.txt"
     run_case gemm_epilogue 250
     run_case gemm_grouped 130
     run_case gemm_tiled 200 ;;
