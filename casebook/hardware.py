@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from dataclasses import replace
 from functools import cache
 from importlib import resources
@@ -17,11 +18,13 @@ import yaml
 from casebook.schema import slug
 
 CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "casebook"))
-CEILINGS_VERSION = 3
+CEILINGS_VERSION = 4
 
 MATMUL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 28672, 4096), (2048, 2048, 16384)]
 """m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: the level-1 shapes
 where kernels outran the 8192^3 rate on an H200)."""
+MATMUL_REST_S = 2.0
+"""Idle time before each ceiling matmul, for the clock to recover from the power limit (2 s sufficed on an H200)."""
 
 
 @cache
@@ -162,12 +165,16 @@ def measure_gpu() -> dict:
     copy_gbps = 2 * src.numel() * 4 / copy_us / 1e3
     del src, dst
 
-    # The fastest of several shapes: a GPU at its power limit clocks down most on the largest square
-    # GEMM, so one shape reads low (on an H200, 2026-12-01d: cuBLAS reached 727 TFLOP/s bf16 at 8192^3
-    # and 785 at 2048 x 28672 x 4096, which the gate then called faster than physics).
+    # A GPU at its power limit runs matmuls at a clock set by its recent power draw: on an H200
+    # (2026-12-01d, notes/h200-2026-12-01d/ceiling_clocks.txt) one 4096^3 bf16 matmul ran 768 TFLOP/s
+    # when the GPU had idled, 711 after 3 s of 8192^3 (SM clock 1980 -> 1470 MHz at 688 of 700 W), 771
+    # again after 2 s idle. A ceiling measured hot reads low, and the gate then refuses honest points
+    # (727 and 683 read this way against case points of 775-786 and 735-750). So each shape is timed
+    # after a rest, and the ceiling is the fastest of several shapes.
     def best_tflops(dtype, shapes, call=torch.matmul, b_column_major=False) -> float:
         best = 0.0
         for m, n, k in shapes:
+            time.sleep(MATMUL_REST_S)
             a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
             b = (torch.randn(n, k, device="cuda", generator=g).to(dtype).t() if b_column_major
                  else torch.randn(k, n, device="cuda", generator=g).to(dtype))
