@@ -301,3 +301,14 @@ def test_an_autotuned_point_names_its_configuration_on_hover_escaped(tmp_path: P
     html = page(tmp_path / "site", "softmax_fusion")
     assert '<abbr title="autotuned: softmax_fusion._split_row_tuned CHUNK=8192 warps=8 stages=3' in unescape(html)
     assert "<script>alert(1)" not in html and "onerror=alert(2)>" not in html
+
+
+def test_a_median_shows_its_confidence_interval_on_hover(tmp_path: Path, plot_cache: Path):
+    assert build_site(REPO / "cases", REPO / "results", tmp_path / "site", plot_cache) == 0
+    html = unescape(page(tmp_path / "site", "softmax_fusion"))
+    hovers = re.findall(r"<abbr title=\"the median's 95% confidence interval: ([0-9.,]+)–([0-9.,]+) µs over (\d+) "
+                        r"repetitions\">([0-9.,]+)</abbr>", html)
+    assert hovers, "the H200 result records each median's interval"
+    for lo, hi, reps, median in hovers:
+        lo, hi, median = (float(x.replace(",", "")) for x in (lo, hi, median))
+        assert lo <= median * 1.005 and median <= hi * 1.005 and int(reps) >= 5  # the median shows 3 figures

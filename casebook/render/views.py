@@ -116,6 +116,8 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
 
 def _level1_row(p: Point, baseline: str) -> dict:
     spread = f"{text.num(p.p10_us)}–{text.num(p.p90_us)}" if _ok(p.p10_us) and _ok(p.p90_us) else "–"
+    ci = p.median_ci_us or []
+    median_ci = f"{text.num(ci[0], 4)}–{text.num(ci[1], 4)}" if len(ci) == 2 and all(map(_ok, ci)) else ""
     if p.status == "ok":
         check = f"✓ {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✓"
     elif p.status == "checked":
@@ -128,7 +130,7 @@ def _level1_row(p: Point, baseline: str) -> dict:
     if len(check) > 36:
         check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
-            "median": text.num(p.median_us), "spread": spread, "gbps": text.num(p.gbps),
+            "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread, "gbps": text.num(p.gbps),
             "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
