@@ -14,6 +14,14 @@ H2 duty cycle. The case points are timed behind an L2 flush and a device-side de
    pulls the clock down. Prediction: at one moment, the cold protocol (flush + delay) gives a fastest
    repetition at least 5% faster than the warm one.
 
+Measured on an H200 (2026-12-01d, notes/h200-2026-12-01d/ceiling_clocks.txt): both falsified, and
+the data showed the cause. H1: the first, idle-start measurement was the fastest (4096^3: 768
+TFLOP/s; 8192^3: 792 at best), not the slowest. H2: cold was not faster than warm at one moment
+(750 against 768, measured after it). After 3 s of 8192^3 the SM clock sat at 1470 MHz at 688 of
+700 W and 4096^3 ran 711, warm or cold; after 2 s idle the clock was back at 1980 MHz and 4096^3 ran
+771. The clock follows recent power draw, so the ceiling is now timed after a rest
+(hardware.MATMUL_REST_S): 782 TFLOP/s on the next H200, where the hot-measured ones read 683-727.
+
     python3 benchmarks/explore/ceiling_clocks.py          (GPU)
 """
 import subprocess

@@ -24,6 +24,17 @@ flushes alternating, and prints per flush: the pooled median and p10, the spread
 and the spread of the medians of each block's first 20 repetitions. Running it twice (two processes)
 shows whether a process-level shift remains once the sampling noise is gone.
 
+Measured on an H200 (2026-12-01d, notes/h200-2026-12-01d/flush_and_stability.txt), two processes:
+A held. With the writing flush, medians of 20-repetition blocks scattered 1.0-2.4%, of 200-repetition
+blocks 0.1-1.0%, and the two processes' pooled medians agreed within 0.1% (36.67/36.64 us for the
+64 MB copy, 24.35/24.35 for torch.compile at 32 x 128256). The stopping rule became the median's
+distribution-free confidence interval (bench.Protocol.target_ci).
+B held, and the flush stayed: the 64 MB copy took 33.25 us behind the reading flush against 36.67
+(3.4 us), the 256 MB copy 126.8 against 130.7 (3.0%, just past the predicted 3%). But a reading flush
+lets a kernel leave up to an L2 of its own writes unpaid while paying none of the previous ones, so
+it flatters; the writing flush charges the previous writes and leaves the kernel's own, which
+balances (docs/method.md, "Measuring honestly").
+
     python3 benchmarks/explore/flush_and_stability.py          (GPU)
 """
 import numpy as np

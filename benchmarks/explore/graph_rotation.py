@@ -15,6 +15,15 @@ bandwidth stays under the measured copy rate (~4.2 TB/s) and within 15% of the e
 (the graph saves each call's launch latency, ~2.7 us, so it can be a little faster). At 16384 x 4096
 (128 MiB, past the L2) all three agree within 10%, and the rotation takes a single set.
 
+Measured on an H200 (2026-12-01d, notes/h200-2026-12-01d/graph_rotation.txt): at 256 x 4096 the
+prediction failed. The warm graph ran 4.32 us (0.97 TB/s), nowhere near the copy rate, and the
+rotated graph (60 sets) 4.61 us, 42% under the events-and-flush time (8.00 us), not within 15%: a
+2 MiB softmax on 132 SMs is bound by latency (one wave of 256 rows), not bandwidth, so a graph saves
+the ~3.4 us of launch latency and the cache state moves the time only 7%. The rotation does what it
+is for (the rotated graph is slower than the warm one: its inputs come from memory), but this shape
+cannot show how much. At 16384 x 4096 the three agreed within 1.7% (212.7, 209.2, 209.2 us), with a
+single set, as predicted.
+
     python3 benchmarks/explore/graph_rotation.py          (GPU)
 """
 import itertools
