@@ -21,7 +21,7 @@ CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "case
 CEILINGS_VERSION = 4
 
 MATMUL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 28672, 4096), (2048, 2048, 16384)]
-"""m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: the level-1 shapes
+"""m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: gemm_tiled shapes
 where kernels outran the 8192^3 rate on an H200)."""
 MATMUL_REST_S = 2.0
 """Idle time before each ceiling matmul, for the clock to recover from the power limit (2 s sufficed on an H200)."""
@@ -190,9 +190,9 @@ def measure_gpu() -> dict:
     if hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"):
         one = torch.ones((), device="cuda")
         try:
+            scaled_mm = lambda a, b: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)  # noqa: E731
             matmul["fp8_e4m3"] = matmul["fp8_e5m2"] = best_tflops(  # _scaled_mm wants B column-major
-                torch.float8_e4m3fn, MATMUL_SHAPES, lambda a, b: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16),
-                b_column_major=True)
+                torch.float8_e4m3fn, MATMUL_SHAPES, scaled_mm, b_column_major=True)
         except (RuntimeError, TypeError):
             pass
     matmul.setdefault("fp64", matmul["fp32"])

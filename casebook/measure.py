@@ -96,9 +96,9 @@ def _point(task: Task, mod) -> dict:
     if autotuned:
         out["autotuned"] = autotuned
     out.update(status="ok", median_us=s.median_us, median_ci_us=[s.ci_lo_us, s.ci_hi_us], p10_us=s.p10_us,
-               p90_us=s.p90_us, cv=s.cv, repetitions=s.repetitions, first_call_s=first_call[0], timer=timing.timer,
-               flops=traffic.flops, bytes=traffic.bytes, traffic_terms=traffic.as_dict()["terms"],
-               launches=launches)
+               p90_us=s.p90_us, cv=s.cv, repetitions=s.repetitions, first_call_s=first_call[0],
+               timer=timing.timer, flops=traffic.flops, bytes=traffic.bytes,
+               traffic_terms=traffic.as_dict()["terms"], launches=launches)
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
                   launch_us=task.roofs["launch_us"])
     n_launch = launch_count(launches, task.roofs)

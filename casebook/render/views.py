@@ -130,8 +130,8 @@ def _level1_row(p: Point, baseline: str) -> dict:
     if len(check) > 36:
         check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
-            "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread, "gbps": text.num(p.gbps),
-            "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
+            "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread,
+            "gbps": text.num(p.gbps), "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
