@@ -89,3 +89,16 @@ def test_two_cases_or_a_missing_file_are_bad_input(tmp_path):
     a = write(tmp_path, "a.json", RESULT)
     assert compare.main(a, write(tmp_path, "b.json", other)) == 2
     assert compare.main(a, tmp_path / "missing.json") == 2
+
+
+def test_a_move_says_whether_the_medians_intervals_are_apart(tmp_path, capsys):
+    before, moved = copy.deepcopy(RESULT), copy.deepcopy(RESULT)
+    point = next(p for p in moved["kernel_level"] if p.get("median_us", 0) > 100 and p["variant"] == "triton_online")
+    m = point["median_us"]
+    point["median_us"], point["median_ci_us"] = m * 1.03, [m * 1.025, m * 1.035]  # beyond its own noise
+    assert compare.main(write(tmp_path, "a.json", before), write(tmp_path, "b.json", moved)) == 1
+    assert "apart" in capsys.readouterr().out
+    point["median_ci_us"] = [m * 0.99, m * 1.05]  # a wide interval: within sampling noise
+    assert compare.main(write(tmp_path, "a.json", before), write(tmp_path, "b.json", moved)) == 1
+    out = capsys.readouterr().out
+    assert "overlap" in out and "apart" not in out

@@ -8,7 +8,9 @@ the p10 stayed put is a run of slow repetitions, not a slower kernel) and each r
 starred where the host decides more than the kernel: above the device time (host-bound; the timer hides
 the host unless the call itself waits on the device, as a loop that copies sizes to the host does),
 or, in older results timed behind a fixed delay (their protocol records `host_slack_us`), above that
-delay, where the host's jitter reached the timing.
+delay, where the host's jitter reached the timing. A third says whether the two medians' 95% confidence
+intervals overlap: where they are apart, the move is beyond either run's own sampling noise, a shift
+between the runs (the machine, its clocks, the code), not too few repetitions.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ def _host(point: dict, fixed_slack_us: float | None) -> str:
     return "-" if us is None else f"{us:.0f}" + ("*" if _host_reached(point, fixed_slack_us) else "")
 
 
+def _intervals(a: dict, b: dict) -> str:
+    """'apart' where the two medians' 95% confidence intervals do not overlap, 'overlap' where they do."""
+    ca, cb = a.get("median_ci_us"), b.get("median_ci_us")
+    if not ca or not cb:
+        return "-"
+    return "overlap" if ca[0] <= cb[1] and cb[0] <= ca[1] else "apart"
+
+
 def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
     """0 when every shared point above `min_us` agrees within `within`, 1 when one does not, 2 on bad input."""
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -69,13 +79,15 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
         table = Table(header_style="bold", title_justify="left",
                       title=f"points that moved more than {within:.1%} ({a.name} -> {b.name})")
         numeric = ("change", "p10 change", "A us", "B us", "host us A / B")
-        for col in ("change", "p10 change", "level", "variant", "shape", "dtype", "A us", "B us", "host us A / B"):
+        for col in ("change", "p10 change", "level", "variant", "shape", "dtype", "A us", "B us", "host us A / B",
+                    "95% CIs"):
             table.add_column(col, justify="right" if col in numeric else "left")
         for change, key in moved:
             level, variant, shape, dtype = key
             a10, b10 = pa[key].get("p10_us"), pb[key].get("p10_us")
             table.add_row(f"{change:+.2%}", f"{b10 / a10 - 1:+.2%}" if a10 and b10 else "-", level, variant, shape,
-                          dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key], fa)} / {_host(pb[key], fb)}")
+                          dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key], fa)} / {_host(pb[key], fb)}",
+                          _intervals(pa[key], pb[key]))
         out.print(table)
         if any(_host_reached(p, f) for _, k in moved for p, f in ((pa[k], fa), (pb[k], fb))):
             out.print("* host-bound: issuing the call took longer than the device ran it (hidden from the timing "
