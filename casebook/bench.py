@@ -92,8 +92,17 @@ def input_sets(input_bytes: int, l2: int) -> int:
     return min(MAX_INPUT_SETS, -(-2 * l2 // input_bytes))
 
 
+L2_FLUSH_METHOD = "zero a buffer twice the L2 before each repetition (dirty lines, as triton.testing.do_bench)"
+
+
 class _L2Flusher:
-    """Writes a buffer twice the L2 size, evicting whatever the last repetition left there."""
+    """Writes a buffer twice the L2 size, evicting whatever the last repetition left there.
+
+    It writes (as triton.testing.do_bench does), leaving dirty lines whose write-back the timed call
+    pays: it also leaves its own last writes in the L2 unpaid, so the two balance, as for a kernel
+    whose predecessor wrote its output. A flush that only read would leave clean lines and flatter
+    the call by up to an L2 of writes (on an H200, a 64 MB copy: 33.3 against 36.7 us;
+    benchmarks/explore/flush_and_stability.py)."""
 
     def __init__(self) -> None:
         self.buffer = torch.empty(2 * l2_bytes() // 4, dtype=torch.int32, device="cuda")

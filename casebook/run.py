@@ -166,13 +166,15 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                     "correctness": "2 fresh random inputs before timing and 1 after; float64 reference; "
                                    "normwise relative error; NaN/Inf fail; outputs poisoned; inputs checked unmodified"}
     if on_gpu:
-        from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, PIPELINED_CALLS, l2_flush_bytes
+        from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, L2_FLUSH_METHOD, PIPELINED_CALLS, l2_flush_bytes
 
         protocol_doc["host_slack"] = (f"device-side delay before each repetition: max({HOST_SLACK_US:g} us, "
                                       f"{HOST_SLACK_MARGIN:g} x the p90 of the warm-up calls' host times, each from "
                                       "a synchronised start)")
         protocol_doc["host_issue"] = ("the lesser of the warm-up calls' median host time from a synchronised start "
                                       f"and the median per call of up to {PIPELINED_CALLS} calls issued back to back")
+        if protocol_doc["cache"] == "cold":
+            protocol_doc["l2_flush"] = L2_FLUSH_METHOD
         try:
             protocol_doc["l2_flush_bytes"] = l2_flush_bytes()
         except Exception:  # the flush size is a record, not a requirement
