@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu_session.sh checks         # GPU-only softmax tests, harness against do_bench,
 #                                                 # the epilogue-subtiling exploration
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
+#   bash benchmarks/gpu_session.sh pingpong       # the Gluon ping-pong GEMM exploration
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
@@ -86,11 +87,14 @@ case "${1:-}" in
     cat "$out/logs/epilogue_cost.txt"
     run_case gemm_grouped 110
     run_case gemm_tiled 200 ;;
+  pingpong)  # the Gluon ping-pong GEMM exploration: correctness, then times beside cuBLAS and the TMA GEMM
+    timeout 300 python3 benchmarks/explore/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
+    echo "pingpong: exit $?"; tail -40 "$out/logs/pingpong.txt" ;;
   grouped)
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|pingpong|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"
