@@ -88,7 +88,8 @@ case "${1:-}" in
     run_case gemm_grouped 110
     run_case gemm_tiled 200 ;;
   pingpong)  # the Gluon ping-pong GEMM exploration: correctness, then times beside cuBLAS and the TMA GEMM
-    timeout 300 python3 benchmarks/explore/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
+    timeout 90 python3 benchmarks/explore/pingpong_epilogue.py --check > "$out/logs/pingpong.txt" 2>&1 \
+      && timeout 240 python3 benchmarks/explore/pingpong_epilogue.py >> "$out/logs/pingpong.txt" 2>&1
     echo "pingpong: exit $?"; tail -40 "$out/logs/pingpong.txt" ;;
   grouped)
     run_case gemm_grouped 280 ;;
