@@ -312,3 +312,19 @@ def test_a_median_shows_its_confidence_interval_on_hover(tmp_path: Path, plot_ca
     for lo, hi, reps, median in hovers:
         lo, hi, median = (float(x.replace(",", "")) for x in (lo, hi, median))
         assert lo <= median * 1.005 and median <= hi * 1.005 and int(reps) >= 5  # the median shows 3 figures
+
+
+def test_a_time_refused_by_the_gate_is_not_shown_as_a_wrong_answer(tmp_path: Path, plot_cache: Path):
+    import json
+
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    stored = next(results.glob("nvidia-*/softmax_fusion.json"))
+    doc = json.loads(stored.read_text())
+    point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
+    point.update(status="failed", error="faster than physics: 1.00 us is under the bandwidth floor of 2.00 us")
+    stored.write_text(json.dumps(doc))
+    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
+    html = unescape(page(tmp_path / "site", "softmax_fusion"))
+    assert 'title="✗ faster than physics: 1.00 us is under the bandwidth floor of 2.00 us"' in html
+    assert "✗ wrong" not in html

@@ -122,6 +122,8 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = f"✓ {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✓"
     elif p.status == "checked":
         check = "✓ checked, not timed here"
+    elif p.status == "failed" and p.correct:  # a right answer whose time was refused (the physics gate)
+        check = f"✗ {p.error or 'refused'}"
     elif p.status == "failed":
         check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✗ wrong answer"
     else:
