@@ -46,8 +46,9 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                 bar.update(job, advance=1, description=f"{t.variant} {shape_label(t.shape)} {t.dtype}")
                 if not console.is_terminal:  # a log, line by line, where no live bar can be drawn
                     us = f"{p['median_us']:.1f} us" if p.get("median_us") else ""
-                    console.print(f"  {t.level:10s} {t.variant} {shape_label(t.shape)} {t.dtype}: {p.get('status')} {us}",
-                                  highlight=False)
+                    why = f": {p.get('error', '')}" if p.get("status") in ("failed", "crashed", "timeout") else ""
+                    console.print(f"  {t.level:10s} {t.variant} {shape_label(t.shape)} {t.dtype}: {p.get('status')}"
+                                  f"{why} {us}", highlight=False)
                 elif p.get("status") in ("failed", "crashed", "timeout"):
                     console.print(f"[red]{t.variant} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
