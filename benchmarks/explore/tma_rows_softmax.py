@@ -1,0 +1,196 @@
+"""Device exploration (not a casebook run): softmax rows of 8K-32K columns streamed whole through
+shared memory by TMA. Issue 4's 32K bar.
+
+What the case found (cases/softmax_fusion.yaml): at 4096 x 32768 bf16 the best kernel,
+`triton_online`'s streaming-rows path, reaches 3.44 TB/s against a 4.15 TB/s copy. It prefetches the
+next rows with `tl.range(num_stages=3)`, so Triton copies them into shared memory with cp.async: 4096
+16-byte copies per row, issued by the same warps that reduce.
+
+This version splits the work by warps (Gluon, Triton 3.6):
+- **Producer.** One warp issues one TMA copy per row into a ring of 3 row-sized slots (a 64 KB row is
+  a [128, 256] box of the tensor viewed as [rows * 128, 256]), so up to 192 KB per SM is in flight
+  while the other warps compute.
+- **Consumers.** 8 warps read the row from shared memory three times: the max, the sum of
+  exponentials, then the normalised values, written back into the slot. Per-lane partial results are
+  reduced once per row, not once per chunk.
+- **Store.** One TMA store per row writes the row from its slot. The slot returns to the producer once
+  the store has read it.
+
+Written on a machine without a GPU. `--compile-only` compiles it for sm_90a with the installed Triton,
+so it is known to lower; it has not been run.
+
+Prediction, written before any run: at 4096 x 32768 bf16, at least 3.8 TB/s (one read plus one write),
+against 3.44 for `triton_online`. At 16384 x 8192 it matches `triton_online`'s 4.07 to within 3%: the
+one-pass kernel is already at the copy rate there.
+If it misses, the split between the producer's TMA and the consumers' three passes is the first thing
+to time.
+
+    python3 benchmarks/explore/tma_rows_softmax.py --compile-only   (any machine with Triton 3.6)
+    python3 benchmarks/explore/tma_rows_softmax.py --check          (H200: small and ragged shapes)
+    python3 benchmarks/explore/tma_rows_softmax.py                  (H200: check, then time)
+"""
+import sys
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+WIDTH = 256  # a row is viewed as [cols / WIDTH, WIDTH]: one TMA box (each box dimension is at most 256)
+STAGES, CHUNK, NUM_WARPS = 3, 32, 8
+LOG2E = 1.4426950408889634
+
+
+def smem_layout():
+    # Unswizzled: a swizzled TMA box may be at most 128 bytes wide, and a row of WIDTH bf16 is 512.
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+
+
+@gluon.jit
+def _producer(x_desc, y_desc, bufs, ready, empty, n_rows, CH: gl.constexpr):
+    SUB: gl.constexpr = x_desc.block_type.shape[0]
+    NS: gl.constexpr = bufs.type.shape[0]
+    it = 0
+    for row in range(gl.program_id(0), n_rows, gl.num_programs(0)):
+        s = it % NS
+        mbarrier.wait(empty.index(s), ((it // NS) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [row * SUB, 0], ready.index(s), bufs.index(s))
+        it += 1
+
+
+@gluon.jit
+def _consumer(x_desc, y_desc, bufs, ready, empty, n_rows, CH: gl.constexpr):
+    SUB: gl.constexpr = x_desc.block_type.shape[0]
+    W: gl.constexpr = x_desc.block_type.shape[1]
+    NS: gl.constexpr = bufs.type.shape[0]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+    it = 0
+    for row in range(gl.program_id(0), n_rows, gl.num_programs(0)):
+        s = it % NS
+        mbarrier.wait(ready.index(s), (it // NS) & 1)
+        buf = bufs.index(s)
+        # Pass 1: the row's max, lane by lane, reduced once.
+        m_lane = gl.full([CH, W], float("-inf"), gl.float32, layout)
+        for c in gl.static_range(0, SUB, CH):
+            m_lane = gl.maximum(m_lane, buf.slice(c, CH).load(layout).to(gl.float32))
+        m = gl.max(gl.max(m_lane, axis=1), axis=0)
+        # Pass 2: the sum of exponentials.
+        l_lane = gl.zeros([CH, W], gl.float32, layout)
+        for c in gl.static_range(0, SUB, CH):
+            l_lane += gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
+        inv = 1.0 / gl.sum(gl.sum(l_lane, axis=1), axis=0)
+        # Pass 3: normalised values back into the slot, then one TMA store of the row.
+        for c in gl.static_range(0, SUB, CH):
+            v = buf.slice(c, CH).load(layout).to(gl.float32)
+            buf.slice(c, CH).store((gl.exp2((v - m) * 1.4426950408889634) * inv).to(y_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(y_desc, [row * SUB, 0], buf)
+        # The row before has been read out of its slot once at most this one store is pending.
+        tma.store_wait(pendings=1)
+        mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1, pred=it > 0)
+        it += 1
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def softmax_rows_kernel(x_desc, y_desc, n_rows, STAGES_: gl.constexpr, CH: gl.constexpr):
+    bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES_] + x_desc.block_type.shape, x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES_):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_consumer, (x_desc, y_desc, bufs, ready, empty, n_rows, CH)),
+        (_producer, (x_desc, y_desc, bufs, ready, empty, n_rows, CH)),
+    ], [1], [24])
+
+
+def softmax(x):
+    """Row softmax of a contiguous 2-D bf16 tensor whose rows are 256 x 2^k columns, up to 32K (3 rows of
+    64 KB fill the shared memory)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows, cols = x.shape
+    sub = cols // WIDTH
+    if cols % WIDTH or sub & (sub - 1) or sub > 128 or not x.is_contiguous():
+        raise ValueError(f"rows of {WIDTH} times a power of two columns, at most 32768, contiguous")
+    y = torch.empty_like(x)
+    x_desc = TensorDescriptor.from_tensor(x.view(rows * sub, WIDTH), [sub, WIDTH], smem_layout())
+    y_desc = TensorDescriptor.from_tensor(y.view(rows * sub, WIDTH), [sub, WIDTH], smem_layout())
+    grid = (min(torch.cuda.get_device_properties(x.device).multi_processor_count, rows), )
+    softmax_rows_kernel[grid](x_desc, y_desc, rows, STAGES, min(CHUNK, sub), num_warps=NUM_WARPS)
+    return y
+
+
+def compile_only() -> None:
+    """Lower the kernel for sm_90a without a GPU, and report what ptxas says of registers and spills."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    for cols in (256, 1024, 8192, 32768):
+        sub = cols // WIDTH
+        desc = f"tensordesc<bf16[{sub}, {WIDTH}],{smem_layout()!r}>"
+        sig = {"x_desc": desc, "y_desc": desc, "n_rows": "i32", "STAGES_": "constexpr", "CH": "constexpr"}
+        src = GluonASTSource(softmax_rows_kernel, sig, {(3, ): STAGES, (4, ): min(CHUNK, sub)})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(kernel.asm["ptx"])
+            f.flush()
+            info = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", f.name, "-o", "/dev/null"],
+                                  capture_output=True, text=True).stderr
+        regs, spills = re.findall(r"Used (\d+) registers", info), re.findall(r"(\d+) bytes spill stores", info)
+        print(f"{cols} columns: compiled for sm_90a: shared {kernel.metadata.shared} B, ptxas registers {regs}, "
+              f"spill stores {spills} B", flush=True)
+
+
+def check(rows: int, cols: int) -> bool:
+    """Against a float64 reference on fresh inputs; True within bf16's 2e-2 normwise."""
+    import torch
+
+    x = (3 * torch.randn(rows, cols, device="cuda")).to(torch.bfloat16)
+    want = torch.softmax(x.double(), -1)
+    got = softmax(x)
+    torch.cuda.synchronize()
+    err = ((got.double() - want).norm() / want.norm()).item()
+    print(f"{rows}x{cols} normwise error {err:.2e} {'ok' if err < 2e-2 else 'WRONG'}", flush=True)
+    return err < 2e-2
+
+
+def main() -> None:
+    import torch
+
+    from casebook.bench import Protocol, time_fn
+    from casebook.kernels import softmax_fusion as sf
+
+    torch.manual_seed(0)
+    for rows, cols in ((4096, 32768), (8192, 16384), (16384, 8192)):
+        if not check(rows, cols):
+            continue
+        x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+        y = torch.empty_like(x)
+        nbytes = 2 * x.numel() * 2
+        for label, fn in {"copy": lambda: y.copy_(x), "torch.softmax": lambda: torch.softmax(x, -1),
+                          "triton_online": lambda: sf.triton_online(x), "TMA rows (this)": lambda: softmax(x)}.items():
+            s = time_fn(fn, "cuda", Protocol()).summary
+            print(f"{rows}x{cols} {label:16s} {s.median_us:8.1f} us  {nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)
+
+
+if __name__ == "__main__":
+    if "--compile-only" in sys.argv:
+        compile_only()
+    elif "--check" in sys.argv:  # a hang or a wrong answer shows in seconds
+        import torch
+
+        torch.manual_seed(0)
+        sys.exit(0 if all([check(1, 256), check(37, 1024), check(300, 32768), check(1000, 8192)]) else 1)
+    else:
+        main()
