@@ -328,3 +328,17 @@ def test_a_time_refused_by_the_gate_is_not_shown_as_a_wrong_answer(tmp_path: Pat
     html = unescape(page(tmp_path / "site", "softmax_fusion"))
     assert 'title="✗ faster than physics: 1.00 us is under the bandwidth floor of 2.00 us"' in html
     assert "✗ wrong" not in html
+
+
+def test_the_hardware_page_gives_each_ceilings_range_over_the_stored_results():
+    from casebook.render.pages import _ceiling_rows
+
+    def hw(bf16: float, copy: float) -> dict:
+        return {"measured": {"copy_gbps": copy, "matmul_tflops": {"bf16": bf16}, "launch_us": 5.0},
+                "datasheet": {"bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}}
+
+    rows = {r["what"]: r for r in _ceiling_rows(hw(782.0, 4270.0), [hw(683.0, 4265.0), hw(782.0, 4270.0)])}
+    assert rows["bf16 matmul"]["measured"] == "782" and rows["bf16 matmul"]["spread"] == "683–782 over 2"
+    assert rows["copy bandwidth"]["spread"] == "–", "within 0.5%: one ceiling, not a range"
+    assert rows["kernel launch"]["spread"] == "–", "the same in every result"
+    assert _ceiling_rows(hw(782.0, 4270.0), [hw(782.0, 4270.0)])[1]["spread"] == "–", "one result: no range"

@@ -271,7 +271,8 @@ def hardware(book: Book, images: dict[str, str]) -> str:
         latest = max(results, key=lambda r: r.result.started_at)
         hw = latest.result.hardware
         machines.append({"name": latest.hardware_name, "slug": slug, "anchor": links.anchor(slug),
-                         "kind": hw.get("kind") or "–", "rows": _ceiling_rows(hw),
+                         "kind": hw.get("kind") or "–",
+                         "rows": _ceiling_rows(hw, [r.result.hardware for r in results]),
                          **_source((hw.get("datasheet") or {}).get("source")),
                          "environment": views._items({k: latest.result.environment.get(k) for k in
                                                       ("device_name", "sm_count", "driver", "cuda", "torch",
@@ -289,24 +290,38 @@ def _source(source: object) -> dict:
     return {"source_url": None, "source_note": " ".join(words)}
 
 
-def _ceiling_rows(hw: dict) -> list[dict]:
-    m, d = hw.get("measured") or {}, hw.get("datasheet") or {}
-    rows = [_ceiling("copy bandwidth", "GB/s", m.get("copy_gbps"), d.get("bandwidth_gbps"))]
+def _ceiling_rows(hw: dict, every: list[dict]) -> list[dict]:
+    """The latest result's ceilings beside their datasheet peaks, and the range each took over every stored
+    result of the machine (a ceiling is measured once per run, and a GPU's clock moves with its load)."""
+    d = hw.get("datasheet") or {}
     peaks = d.get("peak_tflops") or {}
-    for dtype in dict.fromkeys([*(m.get("matmul_tflops") or {}), *peaks]):
-        rows.append(_ceiling(f"{dtype} matmul", "TFLOP/s", (m.get("matmul_tflops") or {}).get(dtype), peaks.get(dtype)))
-    rows.append(_ceiling("kernel launch", "µs", m.get("launch_us"), None))
-    rows.append(_ceiling("CUDA-graph launch", "µs", m.get("graph_launch_us"), None))
+    ceilings = [("copy bandwidth", "GB/s", ("copy_gbps", ), d.get("bandwidth_gbps"))]
+    for dtype in dict.fromkeys([*((hw.get("measured") or {}).get("matmul_tflops") or {}), *peaks]):
+        ceilings.append((f"{dtype} matmul", "TFLOP/s", ("matmul_tflops", dtype), peaks.get(dtype)))
+    ceilings += [("kernel launch", "µs", ("launch_us", ), None),
+                 ("CUDA-graph launch", "µs", ("graph_launch_us", ), None)]
+    rows = [_ceiling(what, unit, _measured(hw, key), peak, [_measured(h, key) for h in every])
+            for what, unit, key, peak in ceilings]
     if d.get("l2_mb"):
-        rows.append(_ceiling("L2 cache", "MB", None, d.get("l2_mb")))
+        rows.append(_ceiling("L2 cache", "MB", None, d.get("l2_mb"), []))
     return rows
 
 
-def _ceiling(what: str, unit: str, measured: object, datasheet: object) -> dict:
+def _measured(hw: dict, key: tuple[str, ...]) -> object:
+    value: object = hw.get("measured") or {}
+    for k in key:
+        value = value.get(k) if isinstance(value, dict) else None
+    return value
+
+
+def _ceiling(what: str, unit: str, measured: object, datasheet: object, every: list[object]) -> dict:
     ratio = (text.pct(measured / datasheet) if isinstance(measured, (int, float)) and isinstance(datasheet, (int, float))
              and datasheet else "–")
+    values = [v for v in every if isinstance(v, (int, float)) and v > 0]
+    spread = (f"{text.num(min(values))}–{text.num(max(values))} over {len(values)}"
+              if len(values) > 1 and max(values) > 1.005 * min(values) else "–")
     return {"what": what, "unit": unit, "measured": text.num(measured), "datasheet": text.num(datasheet),
-            "ratio": ratio}
+            "ratio": ratio, "spread": spread}
 
 
 def _browse() -> dict[str, str]:
