@@ -197,13 +197,7 @@ def matmul(a, b, bias, gelu: str = "none"):
 
 def compile_only() -> None:
     """Lower the kernel for sm_90a without a GPU, and report what ptxas says of registers and spills."""
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from aot import compile_report
 
     la, lb, lc = _layouts()
     for form, code in GELU.items():
@@ -215,19 +209,8 @@ def compile_only() -> None:
                "PRODUCER_REGS_": "constexpr"}
         consts = {"GELU_FORM": code, "STAGES_": STAGES, "GROUP": GROUP_M, "CONSUMER_REGS_": CONSUMER_REGS,
                   "PRODUCER_REGS_": PRODUCER_REGS}
-        src = GluonASTSource(pingpong_kernel, sig, {(list(sig).index(k), ): v for k, v in consts.items()})
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": NUM_WARPS, "maxnreg": MAXNREG})
-        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-            f.write(kernel.asm["ptx"])
-            f.flush()
-            info = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", f.name, "-o", "/dev/null"],
-                                  capture_output=True, text=True).stderr
-        regs = re.findall(r"Used (\d+) registers", info)
-        spills = re.findall(r"(\d+) bytes spill stores", info)
-        print(f"gelu={form:4s} compiled for sm_90a: shared {kernel.metadata.shared} B, ptxas registers {regs}, "
-              f"spill stores {spills} B", flush=True)
+        print(f"gelu={form:4s}", compile_report(pingpong_kernel, sig, consts, num_warps=NUM_WARPS, maxnreg=MAXNREG),
+              flush=True)
 
 
 def check(m: int, n: int, k: int) -> bool:

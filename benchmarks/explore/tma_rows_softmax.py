@@ -31,7 +31,6 @@ to time.
 """
 import sys
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -127,29 +126,15 @@ def softmax(x):
 
 def compile_only() -> None:
     """Lower the kernel for sm_90a without a GPU, and report what ptxas says of registers and spills."""
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from aot import compile_report
 
     for cols in (256, 1024, 8192, 32768):
         sub = cols // WIDTH
         desc = f"tensordesc<bf16[{sub}, {WIDTH}],{smem_layout()!r}>"
         sig = {"x_desc": desc, "y_desc": desc, "n_rows": "i32", "STAGES_": "constexpr", "CH": "constexpr"}
-        src = GluonASTSource(softmax_rows_kernel, sig, {(3, ): STAGES, (4, ): min(CHUNK, sub)})
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
-        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-            f.write(kernel.asm["ptx"])
-            f.flush()
-            info = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", f.name, "-o", "/dev/null"],
-                                  capture_output=True, text=True).stderr
-        regs, spills = re.findall(r"Used (\d+) registers", info), re.findall(r"(\d+) bytes spill stores", info)
-        print(f"{cols} columns: compiled for sm_90a: shared {kernel.metadata.shared} B, ptxas registers {regs}, "
-              f"spill stores {spills} B", flush=True)
+        report = compile_report(softmax_rows_kernel, sig, {"STAGES_": STAGES, "CH": min(CHUNK, sub)},
+                                num_warps=NUM_WARPS)
+        print(f"{cols:5d} columns:", report, flush=True)
 
 
 def check(rows: int, cols: int) -> bool:
