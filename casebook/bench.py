@@ -105,8 +105,7 @@ class _L2Flusher:
     benchmarks/explore/flush_and_stability.py)."""
 
     def __init__(self) -> None:
-        self.buffer = torch.empty(2 * l2_bytes() // 4, dtype=torch.int32, device="cuda")
-        self.bytes = self.buffer.numel() * 4
+        self.buffer = torch.empty(l2_flush_bytes() // 4, dtype=torch.int32, device="cuda")
 
     def __call__(self) -> None:
         self.buffer.zero_()
@@ -116,7 +115,8 @@ _flusher: _L2Flusher | None = None
 
 
 def l2_flush_bytes() -> int:
-    return _get_flusher().bytes
+    """The flush buffer's size: twice the L2, in whole int32 words (read off the device, nothing allocated)."""
+    return 2 * l2_bytes() // 4 * 4
 
 
 def _get_flusher() -> _L2Flusher:
