@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from html import unescape
 from html.parser import HTMLParser
@@ -287,18 +288,23 @@ def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Pa
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." not in open_part
 
 
-def test_an_autotuned_point_names_its_configuration_on_hover_escaped(tmp_path: Path, plot_cache: Path):
-    import json
-
+def softmax_page_with(tmp_path: Path, plot_cache: Path, **changes) -> str:
+    """The softmax case's page (raw HTML) built after `changes` to one timed triton_online point of its
+    stored H200 result."""
     cases = copy_cases(tmp_path / "cases")
     results = copy_results(tmp_path / "results", cases)
     stored = next(results.glob("nvidia-*/softmax_fusion.json"))
     doc = json.loads(stored.read_text())
     point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
-    point["autotuned"] = {"softmax_fusion._split_row_tuned": f"CHUNK=8192 warps=8 stages=3 {EVIL}"}
+    point.update(changes)
     stored.write_text(json.dumps(doc))
     assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
-    html = page(tmp_path / "site", "softmax_fusion")
+    return page(tmp_path / "site", "softmax_fusion")
+
+
+def test_an_autotuned_point_names_its_configuration_on_hover_escaped(tmp_path: Path, plot_cache: Path):
+    html = softmax_page_with(tmp_path, plot_cache,
+                             autotuned={"softmax_fusion._split_row_tuned": f"CHUNK=8192 warps=8 stages=3 {EVIL}"})
     assert '<abbr title="autotuned: softmax_fusion._split_row_tuned CHUNK=8192 warps=8 stages=3' in unescape(html)
     assert "<script>alert(1)" not in html and "onerror=alert(2)>" not in html
 
@@ -315,17 +321,8 @@ def test_a_median_shows_its_confidence_interval_on_hover(tmp_path: Path, plot_ca
 
 
 def test_a_time_refused_by_the_gate_is_not_shown_as_a_wrong_answer(tmp_path: Path, plot_cache: Path):
-    import json
-
-    cases = copy_cases(tmp_path / "cases")
-    results = copy_results(tmp_path / "results", cases)
-    stored = next(results.glob("nvidia-*/softmax_fusion.json"))
-    doc = json.loads(stored.read_text())
-    point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
-    point.update(status="failed", error="faster than physics: 1.00 us is under the bandwidth floor of 2.00 us")
-    stored.write_text(json.dumps(doc))
-    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
-    html = unescape(page(tmp_path / "site", "softmax_fusion"))
+    html = unescape(softmax_page_with(tmp_path, plot_cache, status="failed",
+                                      error="faster than physics: 1.00 us is under the bandwidth floor of 2.00 us"))
     assert 'title="✗ faster than physics: 1.00 us is under the bandwidth floor of 2.00 us"' in html
     assert "✗ wrong" not in html
 
