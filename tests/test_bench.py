@@ -1,6 +1,7 @@
 """The timer's protocol: the host's issue time measured in warm-up and hidden behind the device-side delay."""
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_gpu_timing_measures_the_host_in_warm_up_and_hides_it(fake_gpu):
 
 
 def test_a_fixed_delay_is_kept_as_given(fake_gpu):
-    t = time_fn(lambda: time.sleep(0.002), "cuda", Protocol(**{**QUICK.as_dict(), "host_slack_us": HOST_SLACK_US}))
+    t = time_fn(lambda: time.sleep(0.002), "cuda", replace(QUICK, host_slack_us=HOST_SLACK_US))
     assert fake_gpu["slack"] == t.slack_us == HOST_SLACK_US
 
 
@@ -80,7 +81,7 @@ def test_a_graph_captures_a_call_for_every_input_set(monkeypatch):
 
     monkeypatch.setattr(bench, "_sync", lambda device: None)
     monkeypatch.setattr(bench, "_cuda_graph_sampler", graph_sampler)
-    graph = Protocol(**{**QUICK.as_dict(), "graph": True})
+    graph = replace(QUICK, graph=True)
     time_fn(lambda: None, "cuda", graph)
     assert seen["calls"] == bench.GRAPH_CALLS
     time_fn(lambda: None, "cuda", graph, input_sets=100)

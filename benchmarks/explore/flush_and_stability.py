@@ -40,7 +40,7 @@ balances (docs/method.md, "Measuring honestly").
 import numpy as np
 import torch
 
-from casebook.bench import _cuda_sampler, l2_bytes
+from casebook.bench import _cuda_sampler, _L2Flusher, l2_flush_bytes
 from casebook.kernels import softmax_fusion as sf
 
 BLOCKS, REPS, SLACK_US = 8, 200, 250.0
@@ -50,20 +50,10 @@ class ReadFlush:
     """Reads a buffer twice the L2 (never written after it was filled): the L2 is left with clean lines."""
 
     def __init__(self) -> None:
-        self.buffer = torch.ones(2 * l2_bytes() // 4, dtype=torch.int32, device="cuda")
+        self.buffer = torch.ones(l2_flush_bytes() // 4, dtype=torch.int32, device="cuda")
 
     def __call__(self) -> None:
         self.buffer.sum()
-
-
-class WriteFlush:
-    """casebook's flush until now: zero a buffer twice the L2 (as triton.testing.do_bench does)."""
-
-    def __init__(self) -> None:
-        self.buffer = torch.empty(2 * l2_bytes() // 4, dtype=torch.int32, device="cuda")
-
-    def __call__(self) -> None:
-        self.buffer.zero_()
 
 
 def points():
@@ -90,7 +80,7 @@ def spread(values) -> float:
 def main():
     import casebook.bench as bench
 
-    flushes = {"write": WriteFlush(), "read": ReadFlush()}
+    flushes = {"write": _L2Flusher(), "read": ReadFlush()}  # casebook's own flush, and one that only reads
     for label, fn in points().items():
         for _ in range(20):
             fn()
