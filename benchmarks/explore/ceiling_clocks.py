@@ -24,20 +24,20 @@ TFLOP/s; 8192^3: 792 at best), not the slowest. H2: cold was not faster than war
 
     python3 benchmarks/explore/ceiling_clocks.py          (GPU)
 """
-import subprocess
 import time
 
 import torch
 
 from casebook.bench import Protocol, time_fn
+from casebook.hardware import _nvidia_smi
 
 WARM, COLD = Protocol(cache="warm", time_cap_s=1.0), Protocol(time_cap_s=1.0)
 
 
 def smi() -> str:
-    q = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
-    return subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                          capture_output=True, text=True).stdout.strip()
+    fields = ("clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu",
+              "clocks_throttle_reasons.active")
+    return ", ".join(f"{k} {v}" for k, v in _nvidia_smi(fields).items())
 
 
 def rate(label: str, m: int, n: int, k: int, proto: Protocol, scale_b: bool = False) -> None:
