@@ -159,15 +159,43 @@ def _tanh(u):
 
 
 @triton.jit
+def _gelu_erf(x):
+    """x Phi(x), GELU's exact form, with the same instructions for every element.
+
+    libdevice's erf branches per element between two polynomials, and in a tile of 128 values per
+    thread those branches cost the GEMM 24-55% (cases/gemm_epilogue.yaml). Here Phi comes from erfc,
+    Numerical Recipes' `erfcc` (Chebyshev fit, relative error under 1.2e-7 over the whole line): one
+    reciprocal, one exp2, ten FMAs. For x >= 0, x Phi(x) = x - x erfc(x / sqrt 2) / 2, and for x < 0,
+    x erfc(|x| / sqrt 2) / 2: no cancellation on either side. In fp32 against float64 over [-12, 12],
+    GELU's relative error is at most 6.3e-6 for |x| < 6 and 2.5e-5 beyond (tests/kernels/test_gemm_common.py),
+    both far below a bf16 or fp16 rounding.
+    """
+    z = tl.abs(x) * 0.7071067811865476
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = t * 0.17087277 - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    half = 0.5 * x * t * tl.exp2((p - z * z) * 1.4426950408889634)  # x erfc(z) / 2
+    return tl.where(x >= 0, x - half, half)
+
+
+@triton.jit
 def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, GELU: tl.constexpr):
     # On the fp32 accumulator, in registers: no extra pass over C. GELU is "none", "erf" (the exact
-    # form, torch's default: libdevice's erf, ~20 instructions per element) or "tanh" (the tanh form,
-    # cuBLASLt's GELU epilogue: a few FMAs and one tanh on the special-function unit).
+    # form, torch's default: a branch-free erfc, ~16 instructions per element, two of them on the
+    # special-function unit) or "tanh" (the tanh form, cuBLASLt's GELU epilogue: a few FMAs and one
+    # tanh on the special-function unit).
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
     if GELU == "erf":
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # x * Phi(x), exact form
+        acc = _gelu_erf(acc)
     elif GELU == "tanh":
         half = 0.5 * acc
         acc = half + half * _tanh(acc * (SQRT_2_OVER_PI + TANH_CUBIC * acc * acc))
