@@ -20,7 +20,11 @@ def compile_report(kernel, signature: dict[str, str], constexprs: dict[str, obje
     'constexpr') and constexpr values; a line with its shared memory, registers and spill stores."""
     names = list(signature)
     src = GluonASTSource(kernel, signature, {(names.index(k), ): v for k, v in constexprs.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
+
+
+def report(compiled, arch: int = 90) -> str:
+    """What ptxas says of a kernel compiled for sm_`arch`(a): shared memory, registers, spill stores."""
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(compiled.asm["ptx"])

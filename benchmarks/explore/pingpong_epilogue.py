@@ -11,7 +11,9 @@ program's tiles in turn, fed by one producer warp through a ring of shared-memor
 ring is filled in tile order, one consumer's main loop starts only as the other's ends, and the
 other's epilogue (bias, GELU, the store) runs while it computes.
 
-This is that kernel in Gluon, Triton 3.6's explicit-layout dialect:
+The kernel now lives in casebook/kernels/gemm_pingpong.py (the case's `gluon_pingpong_tanh`); this
+script checks and times it beside cuBLAS and the Triton TMA GEMM. It is Gluon, Triton 3.6's
+explicit-layout dialect:
 - a 1-warp producer: TMA loads of A and B into STAGES slots;
 - two 4-warp consumers: wgmma on 128 x 128 tiles, then the epilogue and a TMA store, each from its
   own staging buffer;
@@ -48,214 +50,34 @@ Prediction: ping-pong erfc within 3% of ping-pong tanh at 8192 x 8192 x 1024 (~2
 addmm + GELU); the Triton TMA GEMM with the same erfc epilogue drops from ~297 to ~235 us, since its
 epilogue stays serial after each tile.
 
+Third run (pingpong-3.txt), at 8192 x 8192 x 1024: ping-pong erfc 277.5 us (plain 202.0, tanh 213.5),
+Triton TMA erfc 270.9 (plain 210.6, libdevice erf 296.9 the run before). Both predictions missed: the
+erfc costs the ping-pong kernel +37%, not +3-6%, and the TMA kernel +29%, not +12%. By the count above,
+~1.6 us of issue per tile should hide under a 6 us main loop, and it does not; what was not measured
+is the clock. The GEMM alone already runs at the H200's power limit (the ceilings' write-up: 1470 MHz at
+688 of 700 W), and ~22 FP32 instructions per element over the whole of C add to that power. Not
+established: timing the clock under each form (nvidia-smi, as benchmarks/explore/ceiling_clocks.py does)
+is the next measurement. Meanwhile the tanh form holds: 213.5 us, 1.32x over addmm + tanh GELU and
+1.03x over cuBLASLt's GELU_BIAS. At 4096^3 the erfc TMA kernel (207.0) beats addmm + GELU (218.6).
+
     python3 benchmarks/explore/pingpong_epilogue.py --compile-only   (any machine with Triton 3.6)
     python3 benchmarks/explore/pingpong_epilogue.py --check          (H200: small and ragged shapes)
     python3 benchmarks/explore/pingpong_epilogue.py                  (H200: check, then time)
 """
+
 import sys
+from pathlib import Path
 
-import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
-
-BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M = 128, 128, 64, 4, 8
-NUM_WARPS, MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 4, 168, 232, 40
-GELU = {"none": 0, "tanh": 1, "erf": 2, "erf_libdevice": 3}
-
-
-@gluon.jit
-def _tile_offsets(tile, M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP: gl.constexpr):
-    """Grouped order: GROUP row-blocks sweep the columns together, so B's tiles are reused from L2."""
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    in_group = GROUP * num_n
-    first_m = (tile // in_group) * GROUP
-    size_m = gl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (tile % in_group) % size_m
-    pid_n = (tile % in_group) // size_m
-    return pid_m * BM, pid_n * BN
-
-
-@gluon.jit
-def _tanh(x):
-    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                     pack=1)
-
-
-@gluon.jit
-def _gelu_erf(x):
-    """x Phi(x) through a branch-free erfc: gemm_common._gelu_erf in Gluon."""
-    z = gl.abs(x) * 0.7071067811865476
-    t = 1.0 / (1.0 + 0.5 * z)
-    p = t * 0.17087277 - 0.82215223
-    p = p * t + 1.48851587
-    p = p * t - 1.13520398
-    p = p * t + 0.27886807
-    p = p * t - 0.18628806
-    p = p * t + 0.09678418
-    p = p * t + 0.37409196
-    p = p * t + 1.00002368
-    p = p * t - 1.26551223
-    half = 0.5 * x * t * gl.exp2((p - z * z) * 1.4426950408889634)
-    return gl.where(x >= 0, x - half, half)
-
-
-@gluon.jit
-def _producer(descs, bufs, bars, turn, c_bufs, bias_ptr, M, N, K, WHICH: gl.constexpr, GELU_FORM: gl.constexpr,
-              GROUP: gl.constexpr):
-    a_desc, b_desc, c_desc = descs
-    a_bufs, b_bufs = bufs
-    ready, empty = bars
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[1]
-    NS: gl.constexpr = a_bufs.type.shape[0]
-    num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-    k_tiles = gl.cdiv(K, BK)
-    it = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_offsets(tile, M, N, BM, BN, GROUP)
-        for kk in range(k_tiles):
-            s = it % NS
-            # A slot starts empty: the first pass waits on the phase before the first.
-            mbarrier.wait(empty.index(s), ((it // NS) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, kk * BK], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BK, off_n], ready.index(s), b_bufs.index(s))
-            it += 1
-
-
-@gluon.jit
-def _consumer(descs, bufs, bars, turn, c_bufs, bias_ptr, M, N, K, WHICH: gl.constexpr, GELU_FORM: gl.constexpr,
-              GROUP: gl.constexpr):
-    """This program's tiles number WHICH, WHICH + 2, ...: the main loop, then bias + GELU and the store.
-
-    The two main loops take turns (`turn`, CUTLASS's order barrier). Without it, consumer 1 waits on its
-    first slot while consumer 0's loads fill the ring: a parity wait cannot tell a slot's use 16 from its
-    use 0, so it passed on the wrong data and handed slots back early (the first H200 run: a launch
-    failure at 2048 x 2048 x 1024, the first shape where both consumers had tiles)."""
-    a_desc, b_desc, c_desc = descs
-    a_bufs, b_bufs = bufs
-    ready, empty = bars
-    c_smem = c_bufs.index(WHICH)
-    BM: gl.constexpr = c_desc.block_type.shape[0]
-    BN: gl.constexpr = c_desc.block_type.shape[1]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    NS: gl.constexpr = a_bufs.type.shape[0]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BN, 16])
-    num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-    k_tiles = gl.cdiv(K, BK)
-    pid = gl.program_id(0)
-    step = gl.num_programs(0)
-    j = 0
-    for tile in range(pid + WHICH * step, num_tiles, 2 * step):
-        off_m, off_n = _tile_offsets(tile, M, N, BM, BN, GROUP)
-        base = (2 * j + WHICH) * k_tiles  # this tile's first slot use in the ring
-        acc = gl.zeros((BM, BN), gl.float32, mma_layout)
-        # Consumer 0's first turn is free (the phase before the first); after that each waits for the other.
-        mbarrier.wait(turn.index(WHICH), (j & 1) ^ (1 - WHICH))
-        for kk in range(k_tiles):
-            it = base + kk
-            s = it % NS
-            mbarrier.wait(ready.index(s), (it // NS) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
-            # One wgmma stays in flight; the one before it is done, so its slot goes back.
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1, pred=kk > 0)
-        mbarrier.arrive(turn.index(1 - WHICH), count=1)  # every load of this tile is consumed: the other's turn
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((base + k_tiles - 1) % NS), count=1)
-
-        offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_layout))
-        bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
-        x = acc + gl.expand_dims(bias, 0)
-        if GELU_FORM == 1:
-            x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-        elif GELU_FORM == 2:
-            x = _gelu_erf(x)
-        elif GELU_FORM == 3:
-            x = 0.5 * x * (1.0 + gl.erf(x * 0.7071067811865476))
-        out = x.to(c_desc.dtype)
-        tma.store_wait(pendings=0)  # this consumer's previous tile has left its staging buffer
-        c_smem.store(out)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
-        j += 1
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def pingpong_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, GELU_FORM: gl.constexpr, STAGES_: gl.constexpr,
-                    GROUP: gl.constexpr, CONSUMER_REGS_: gl.constexpr, PRODUCER_REGS_: gl.constexpr):
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES_] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES_] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES_):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
-    descs = (a_desc, b_desc, c_desc)
-    bufs = (a_bufs, b_bufs)
-    bars = (ready, empty)
-    gl.warp_specialize([
-        (_consumer, (descs, bufs, bars, turn, c_bufs, bias_ptr, M, N, K, 0, GELU_FORM, GROUP)),
-        (_consumer, (descs, bufs, bars, turn, c_bufs, bias_ptr, M, N, K, 1, GELU_FORM, GROUP)),
-        (_producer, (descs, bufs, bars, turn, c_bufs, bias_ptr, M, N, K, 1, GELU_FORM, GROUP)),
-    ], [4, 1], [CONSUMER_REGS_, PRODUCER_REGS_])
-
-
-def _layouts():
-    return (gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.bfloat16),
-            gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16),
-            gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16))
-
-
-def matmul(a, b, bias, gelu: str = "none"):
-    """C = gelu(A @ B + bias), bf16, A [M, K] and B [K, N] row-major."""
-    import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    (m, k), n = a.shape, b.shape[1]
-    c = torch.empty(m, n, device=a.device, dtype=a.dtype)
-    la, lb, lc = _layouts()
-    a_desc = TensorDescriptor.from_tensor(a, [BLOCK_M, BLOCK_K], la)
-    b_desc = TensorDescriptor.from_tensor(b, [BLOCK_K, BLOCK_N], lb)
-    c_desc = TensorDescriptor.from_tensor(c, [BLOCK_M, BLOCK_N], lc)
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
-    grid = (min(torch.cuda.get_device_properties(a.device).multi_processor_count, tiles), )
-    pingpong_kernel[grid](a_desc, b_desc, c_desc, bias, m, n, k, GELU[gelu], STAGES, GROUP_M, CONSUMER_REGS,
-                          PRODUCER_REGS, num_warps=NUM_WARPS, maxnreg=MAXNREG)
-    return c
+from casebook.kernels import gemm_pingpong as gp
 
 
 def compile_only() -> None:
     """Lower the kernel for sm_90a without a GPU, and report what ptxas says of registers and spills."""
-    from aot import compile_report
+    sys.path.insert(0, str(Path(__file__).parent))
+    from aot import report
 
-    la, lb, lc = _layouts()
-    for form, code in GELU.items():
-        sig = {"a_desc": f"tensordesc<bf16[{BLOCK_M}, {BLOCK_K}],{la!r}>",
-               "b_desc": f"tensordesc<bf16[{BLOCK_K}, {BLOCK_N}],{lb!r}>",
-               "c_desc": f"tensordesc<bf16[{BLOCK_M}, {BLOCK_N}],{lc!r}>",
-               "bias_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "GELU_FORM": "constexpr",
-               "STAGES_": "constexpr", "GROUP": "constexpr", "CONSUMER_REGS_": "constexpr",
-               "PRODUCER_REGS_": "constexpr"}
-        consts = {"GELU_FORM": code, "STAGES_": STAGES, "GROUP": GROUP_M, "CONSUMER_REGS_": CONSUMER_REGS,
-                  "PRODUCER_REGS_": PRODUCER_REGS}
-        print(f"gelu={form:4s}", compile_report(pingpong_kernel, sig, consts, num_warps=NUM_WARPS, maxnreg=MAXNREG),
-              flush=True)
+    for form in gp.GELU_FORMS:
+        print(f"gelu={form:4s}", report(gp.compile_for_sm90(form)), flush=True)
 
 
 def check(m: int, n: int, k: int) -> bool:
@@ -268,11 +90,9 @@ def check(m: int, n: int, k: int) -> bool:
     bias = torch.randn(n, device="cuda").to(torch.bfloat16)
     ref = a.double() @ b.double() + bias.double()
     ok = True
-    for form in GELU:
+    for form in gp.GELU_FORMS:
         want = ref if form == "none" else F.gelu(ref, approximate="tanh" if form == "tanh" else "none")
-        if form == "erf_libdevice" and m * n > 2**22:
-            continue
-        got = matmul(a, b, bias, form).double()
+        got = gp.matmul(a, b, bias, form).double()
         torch.cuda.synchronize()
         err = ((got - want).norm() / want.norm()).item()
         ok &= err < 2e-2
@@ -303,9 +123,9 @@ def main() -> None:
             "addmm + GELU (tanh)": lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh"),
             "Triton TMA + bias + erfc": lambda: gemm_common.matmul(a, b, bias, "erf", schedule="tma_persistent"),
             "Triton TMA + bias + tanh": lambda: gemm_common.matmul(a, b, bias, "tanh", schedule="tma_persistent"),
-            "ping-pong + bias, no GELU": lambda: matmul(a, b, bias, "none"),
-            "ping-pong + bias + tanh": lambda: matmul(a, b, bias, "tanh"),
-            "ping-pong + bias + erfc": lambda: matmul(a, b, bias, "erf"),
+            "ping-pong + bias, no GELU": lambda: gp.matmul(a, b, bias, "none"),
+            "ping-pong + bias + tanh": lambda: gp.matmul(a, b, bias, "tanh"),
+            "ping-pong + bias + erfc": lambda: gp.matmul(a, b, bias, "erf"),
         }
         for label, fn in runs.items():
             s = time_fn(fn, "cuda", Protocol()).summary

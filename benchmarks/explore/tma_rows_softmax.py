@@ -69,6 +69,12 @@ then held only while it loads, computes and is read out, and up to two rows load
 Prediction: 4096 x 32768 reaches 3.9 TB/s; 16K and 8K gain a few percent (their rings are deeper
 already).
 
+Third run (tma_rows-3.txt): missed. 4096 x 32768 3.65 TB/s with or without the storer; 8192 x 16384
+3.77 (no change); 16384 x 8192 3.45 (from 3.35). The slot turnover is not what limits 32K. Next
+measurement, before any change: the same ring with the math taken out (`math=False`), a copy through
+shared memory by TMA. If it too stops near 3.65, the limit is the transfer (one 64 KB box per row,
+through one SM's TMA unit), not the softmax; if it reaches the copy's 4.15, the three passes are.
+
     python3 benchmarks/explore/tma_rows_softmax.py --compile-only   (any machine with Triton 3.6)
     python3 benchmarks/explore/tma_rows_softmax.py --check          (H200: small and ragged shapes)
     python3 benchmarks/explore/tma_rows_softmax.py                  (H200: check, then time)
@@ -104,7 +110,7 @@ def _producer(x_desc, y_desc, bufs, ready, empty, n_rows, CH: gl.constexpr, EXP_
 
 @gluon.jit
 def _consumer(x_desc, y_desc, bufs, ready, empty, done, n_rows, CH: gl.constexpr, EXP_ONCE: gl.constexpr,
-              STORER: gl.constexpr):
+              STORER: gl.constexpr, MATH: gl.constexpr):
     SUB: gl.constexpr = x_desc.block_type.shape[0]
     W: gl.constexpr = x_desc.block_type.shape[1]
     NS: gl.constexpr = bufs.type.shape[0]
@@ -114,32 +120,33 @@ def _consumer(x_desc, y_desc, bufs, ready, empty, done, n_rows, CH: gl.constexpr
         s = it % NS
         mbarrier.wait(ready.index(s), (it // NS) & 1)
         buf = bufs.index(s)
-        # Pass 1: the row's max, lane by lane, reduced once.
-        m_lane = gl.full([CH, W], float("-inf"), gl.float32, layout)
-        for c in gl.static_range(0, SUB, CH):
-            m_lane = gl.maximum(m_lane, buf.slice(c, CH).load(layout).to(gl.float32))
-        m = gl.max(gl.max(m_lane, axis=1), axis=0)
-        # Pass 2: the sum of exponentials (with EXP_ONCE, each also kept in the slot as fp16).
-        l_lane = gl.zeros([CH, W], gl.float32, layout)
-        if EXP_ONCE:
-            ebuf = buf._reinterpret(gl.float16, [SUB, W], buf.type.layout)
+        if MATH:  # without it, the ring alone: rows in and out through shared memory untouched
+            # Pass 1: the row's max, lane by lane, reduced once.
+            m_lane = gl.full([CH, W], float("-inf"), gl.float32, layout)
             for c in gl.static_range(0, SUB, CH):
-                e = gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
-                l_lane += e
-                ebuf.slice(c, CH).store(e.to(gl.float16))
-        else:
-            for c in gl.static_range(0, SUB, CH):
-                l_lane += gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
-        inv = 1.0 / gl.sum(gl.sum(l_lane, axis=1), axis=0)
-        # Pass 3: normalised values back into the slot, then one TMA store of the row.
-        if EXP_ONCE:
-            for c in gl.static_range(0, SUB, CH):
-                e = ebuf.slice(c, CH).load(layout).to(gl.float32)
-                buf.slice(c, CH).store((e * inv).to(y_desc.dtype))
-        else:
-            for c in gl.static_range(0, SUB, CH):
-                v = buf.slice(c, CH).load(layout).to(gl.float32)
-                buf.slice(c, CH).store((gl.exp2((v - m) * 1.4426950408889634) * inv).to(y_desc.dtype))
+                m_lane = gl.maximum(m_lane, buf.slice(c, CH).load(layout).to(gl.float32))
+            m = gl.max(gl.max(m_lane, axis=1), axis=0)
+            # Pass 2: the sum of exponentials (with EXP_ONCE, each also kept in the slot as fp16).
+            l_lane = gl.zeros([CH, W], gl.float32, layout)
+            if EXP_ONCE:
+                ebuf = buf._reinterpret(gl.float16, [SUB, W], buf.type.layout)
+                for c in gl.static_range(0, SUB, CH):
+                    e = gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
+                    l_lane += e
+                    ebuf.slice(c, CH).store(e.to(gl.float16))
+            else:
+                for c in gl.static_range(0, SUB, CH):
+                    l_lane += gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
+            inv = 1.0 / gl.sum(gl.sum(l_lane, axis=1), axis=0)
+            # Pass 3: normalised values back into the slot, then one TMA store of the row.
+            if EXP_ONCE:
+                for c in gl.static_range(0, SUB, CH):
+                    e = ebuf.slice(c, CH).load(layout).to(gl.float32)
+                    buf.slice(c, CH).store((e * inv).to(y_desc.dtype))
+            else:
+                for c in gl.static_range(0, SUB, CH):
+                    v = buf.slice(c, CH).load(layout).to(gl.float32)
+                    buf.slice(c, CH).store((gl.exp2((v - m) * 1.4426950408889634) * inv).to(y_desc.dtype))
         fence_async_shared()
         if STORER:  # the storer warp takes it from here: every consumer warp's writes are in the slot first
             gl.thread_barrier()
@@ -172,7 +179,7 @@ def _storer(y_desc, bufs, empty, done, n_rows):
 
 @gluon.jit
 def softmax_rows_kernel(x_desc, y_desc, n_rows, STAGES_: gl.constexpr, CH: gl.constexpr, EXP_ONCE: gl.constexpr,
-                        STORER: gl.constexpr):
+                        STORER: gl.constexpr, MATH: gl.constexpr = True):
     bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES_] + x_desc.block_type.shape, x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES_, 1], mbarrier.MBarrierLayout())
@@ -183,13 +190,13 @@ def softmax_rows_kernel(x_desc, y_desc, n_rows, STAGES_: gl.constexpr, CH: gl.co
         mbarrier.init(done.index(i), count=1)
     if STORER:
         gl.warp_specialize([
-            (_consumer, (x_desc, y_desc, bufs, ready, empty, done, n_rows, CH, EXP_ONCE, STORER)),
+            (_consumer, (x_desc, y_desc, bufs, ready, empty, done, n_rows, CH, EXP_ONCE, STORER, MATH)),
             (_producer, (x_desc, y_desc, bufs, ready, empty, n_rows, CH, EXP_ONCE)),
             (_storer, (y_desc, bufs, empty, done, n_rows)),
         ], [1, 1], [24, 24])
     else:
         gl.warp_specialize([
-            (_consumer, (x_desc, y_desc, bufs, ready, empty, done, n_rows, CH, EXP_ONCE, STORER)),
+            (_consumer, (x_desc, y_desc, bufs, ready, empty, done, n_rows, CH, EXP_ONCE, STORER, MATH)),
             (_producer, (x_desc, y_desc, bufs, ready, empty, n_rows, CH, EXP_ONCE)),
         ], [1], [24])
 
@@ -199,10 +206,10 @@ def stages(cols: int) -> int:
     return min(MAX_STAGES, RING_BYTES // (2 * cols))
 
 
-def softmax(x, exp_once: bool = False, ring: int | None = None, storer: bool = True):
+def softmax(x, exp_once: bool = False, ring: int | None = None, storer: bool = True, math: bool = True):
     """Row softmax of a contiguous 2-D bf16 tensor whose rows are 256 x 2^k columns, up to 32K (3 rows of
     64 KB fill the shared memory). `ring`: slots in the ring (default `stages(cols)`); `storer`: a
-    warp of its own issues the stores."""
+    warp of its own issues the stores; without `math`, a copy through the same ring."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -214,7 +221,7 @@ def softmax(x, exp_once: bool = False, ring: int | None = None, storer: bool = T
     x_desc = TensorDescriptor.from_tensor(x.view(rows * sub, WIDTH), [sub, WIDTH], smem_layout())
     y_desc = TensorDescriptor.from_tensor(y.view(rows * sub, WIDTH), [sub, WIDTH], smem_layout())
     grid = (min(torch.cuda.get_device_properties(x.device).multi_processor_count, rows), )
-    softmax_rows_kernel[grid](x_desc, y_desc, rows, ring or stages(cols), min(CHUNK, sub), exp_once, storer,
+    softmax_rows_kernel[grid](x_desc, y_desc, rows, ring or stages(cols), min(CHUNK, sub), exp_once, storer, math,
                               num_warps=NUM_WARPS)
     return y
 
@@ -267,10 +274,10 @@ def main() -> None:
         nbytes = 2 * x.numel() * 2
         runs = {"copy": lambda: y.copy_(x), "torch.softmax": lambda: torch.softmax(x, -1),
                 "triton_online": lambda: sf.triton_online(x),
-                "v2: 3 slots": lambda: softmax(x, ring=3, storer=False),
                 f"v2: {stages(cols)} slots": lambda: softmax(x, storer=False),
-                "v3 storer warp: 3 slots": lambda: softmax(x, ring=3),
-                f"v3 storer warp: {stages(cols)} slots": lambda: softmax(x)}
+                f"v3 storer warp: {stages(cols)} slots": lambda: softmax(x),
+                f"v3 ring, no math: {stages(cols)} slots": lambda: softmax(x, math=False),
+                f"v2 ring, no math: {stages(cols)} slots": lambda: softmax(x, storer=False, math=False)}
         for label, fn in runs.items():
             s = time_fn(fn, "cuda", Protocol()).summary
             print(f"{rows}x{cols} {label:26s} {s.median_us:8.1f} us  {nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)

@@ -9,12 +9,13 @@ entirely, so the gain is small at large K and large at small K, exactly the MLP 
 (BERT, ViT) whose hidden size is 1-1.3K.
 
 The reference is the exact erf GELU, torch.nn.functional.gelu's default (BERT, ViT, Pythia/GPT-NeoX).
-Once the passes are gone the epilogue's arithmetic is what is left: libdevice's erf is ~20 instructions
-per element, run after the main loop, and at K = 1024 that is ~90 us beside a ~200 us GEMM (measured).
-The tanh form (GPT-2's GELU, and what cuBLASLt's GELU epilogue computes) needs a few FMAs and one tanh
-on the special-function unit; it is within 4.7e-4 of the exact GELU everywhere (at x = 2.7, where a
-bf16 ulp is 0.016), so the variants that use it are checked against the same exact reference. Each
-form is compared with the unfused chain of the same form.
+Once the passes are gone the epilogue's arithmetic is what is left. libdevice's erf branches per
+element, and at K = 1024 it cost ~90 us beside a ~200 us GEMM (measured); the fused kernels now compute
+GELU through a branch-free erfc (gemm_common._gelu_erf: ~16 instructions, two on the special-function
+unit), which costs about two thirds of that. The tanh form (GPT-2's GELU, and what cuBLASLt's GELU
+epilogue computes) needs a few FMAs and one tanh on the special-function unit; it is within 4.7e-4 of
+the exact GELU everywhere (at x = 2.7, where a bf16 ulp is 0.016), so the variants that use it are
+checked against the same exact reference. Each form is compared with the unfused chain of the same form.
 
 The ladder (baseline: eager):
   eager               a @ b, + bias, gelu: three kernels, C crosses memory 1 + 2 x 2 times
@@ -26,6 +27,8 @@ The ladder (baseline: eager):
   triton_fused        the persistent TMA Triton GEMM with the same epilogue: one kernel, whose next
                       tile's loads overlap this tile's epilogue (matters at short K)
   triton_fused_tanh   triton_fused with the tanh form: the epilogue's arithmetic cut to a few FMAs
+  gluon_pingpong_tanh the tanh form in a ping-pong kernel (Gluon, Hopper only): two consumer warpgroups
+                      alternate, so one's epilogue runs while the other's main loop computes
 
 `triton_plain` below is the same persistent GEMM without the epilogue. It is not a variant (it computes
 a different function), but timing it beside `triton_fused` isolates the epilogue's own cost.
@@ -136,6 +139,14 @@ def triton_fused(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.
 def triton_fused_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """triton_fused with the tanh form of GELU: one special-function-unit tanh per element, not an erf."""
     return gemm_common.matmul(a, b, bias=bias, gelu="tanh", schedule="tma_persistent")
+
+
+def gluon_pingpong_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Hopper only: two consumer warpgroups alternate tiles, so one's bias + tanh GELU runs under the
+    other's main loop (gemm_pingpong). Imported here, so a Triton without Gluon fails this variant alone."""
+    from casebook.kernels import gemm_pingpong
+
+    return gemm_pingpong.matmul(a, b, bias, gelu="tanh")
 
 
 def triton_plain(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

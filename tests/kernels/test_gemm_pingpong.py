@@ -1,0 +1,51 @@
+"""gemm_pingpong: Gluon does not run on the CPU (no interpreter), so the kernel is lowered ahead of time
+for sm_90a with the installed Triton, and its PTX is checked for what the design depends on. The
+arithmetic is checked on the H200 (tests/kernels/test_gemm_epilogue.py's GPU-only test, and
+benchmarks/explore/pingpong_epilogue.py --check at ragged shapes)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+gp = pytest.importorskip("casebook.kernels.gemm_pingpong", reason="this Triton has no Gluon", exc_type=ImportError)
+
+HOPPER_SMEM = 227 * 1024  # the most shared memory one block may have on sm_90
+
+
+@pytest.fixture(scope="module", params=sorted(gp.GELU_FORMS))
+def lowered(request):
+    return request.param, gp.compile_for_sm90(request.param)
+
+
+def test_lowers_for_hopper_within_its_shared_memory(lowered):
+    _, kernel = lowered
+    assert 4 * 2 * 128 * 64 * 2 < kernel.metadata.shared <= HOPPER_SMEM  # the ring alone is 128 KB
+
+
+def test_two_consumers_and_a_producer_share_the_register_file(lowered):
+    ptx = lowered[1].asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{gp.CONSUMER_REGS};", ptx)
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{gp.PRODUCER_REGS};", ptx)
+
+
+def test_epilogue_forms_are_straight_line(lowered):
+    """erf through the branch-free erfc, not libdevice's (which branches per element); tanh on the
+    special-function unit."""
+    form, kernel = lowered
+    ptx = kernel.asm["ptx"]
+    assert "__nv_erff" not in ptx
+    assert ("tanh.approx.f32" in ptx) == (form == "tanh")
+    assert (ptx.count("ex2.approx") >= 128) == (form == "erf")  # one per accumulator element of a thread
+
+
+def test_refuses_what_it_cannot_run():
+    a = torch.zeros(128, 64, dtype=torch.bfloat16)
+    assert "Hopper" in gp.unsupported(a, a.T.contiguous())
+    with pytest.raises(RuntimeError, match="Hopper"):
+        gp.matmul(a, a.T.contiguous())
+    with pytest.raises(ValueError, match="gelu"):
+        gp.matmul(a, a.T.contiguous(), gelu="relu")
