@@ -18,6 +18,8 @@
 #   bash benchmarks/gpu_session.sh gemm           # all three GEMM cases
 #   bash benchmarks/gpu_session.sh pingpong       # the Gluon ping-pong GEMM exploration
 #   bash benchmarks/gpu_session.sh tma-rows       # the Gluon TMA-rows softmax exploration
+#   bash benchmarks/gpu_session.sh epilogue       # the epilogue's clocks, the ping-pong timings, then
+#                                                 # gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
@@ -96,11 +98,17 @@ case "${1:-}" in
     timeout 90 python3 benchmarks/explore/tma_rows_softmax.py --check > "$out/logs/tma_rows.txt" 2>&1 \
       && timeout 200 python3 benchmarks/explore/tma_rows_softmax.py >> "$out/logs/tma_rows.txt" 2>&1
     echo "tma-rows: exit $?"; tail -30 "$out/logs/tma_rows.txt" ;;
+  epilogue)  # why the erfc epilogue is not hidden (clocks), the ping-pong kernel's times, then the case
+    timeout 60 python3 benchmarks/explore/epilogue_clocks.py > "$out/logs/epilogue_clocks.txt" 2>&1
+    echo "clocks: exit $?"; cat "$out/logs/epilogue_clocks.txt"
+    timeout 150 python3 benchmarks/explore/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
+    echo "pingpong: exit $?"; grep -v normwise "$out/logs/pingpong.txt"
+    run_case gemm_epilogue 250 ;;
   grouped)
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|pingpong|tma-rows|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

@@ -60,6 +60,13 @@ established: timing the clock under each form (nvidia-smi, as benchmarks/explore
 is the next measurement. Meanwhile the tanh form holds: 213.5 us, 1.32x over addmm + tanh GELU and
 1.03x over cuBLASLt's GELU_BIAS. At 4096^3 the erfc TMA kernel (207.0) beats addmm + GELU (218.6).
 
+In the case run that followed (gemm_epilogue, same session) the tanh kernel read 215.3 us against
+addmm + tanh GELU's 272.6: 1.27x, short of the 1.3x claim, which needs 209.7. Its tanh epilogue was
+written naively, 0.5 x (1 + tanh(c (x + 0.044715 x^3))): 8 FP32 instructions per element. Rewritten
+as h + h tanh(x (c1 + c2 x^2)), h = x / 2 (gemm_common's form), it is 6. Prediction: if the epilogue's
+cost scales with its instruction count (either hypothesis in epilogue_clocks.py), the tanh kernel
+drops from +5.7% over the plain ping-pong kernel to about +4%, ~210 us.
+
     python3 benchmarks/explore/pingpong_epilogue.py --compile-only   (any machine with Triton 3.6)
     python3 benchmarks/explore/pingpong_epilogue.py --check          (H200: small and ragged shapes)
     python3 benchmarks/explore/pingpong_epilogue.py                  (H200: check, then time)

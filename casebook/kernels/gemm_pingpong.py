@@ -144,8 +144,9 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turn
             offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_layout))
             bias = gl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
             x = x + gl.expand_dims(bias, 0)
-        if GELU_FORM == 1:
-            x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+        if GELU_FORM == 1:  # x/2 (1 + tanh(u)), u = x (c1 + c2 x^2): three FMUL, two FFMA and a tanh
+            half = 0.5 * x
+            x = half + half * _tanh(x * (0.7978845608028654 + 0.035677408136300125 * x * x))
         elif GELU_FORM == 2:
             x = _gelu_erf(x)
         out = x.to(c_desc.dtype)
