@@ -100,7 +100,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     on_gpu = ident["kind"] == "gpu"
     progress("ceilings", {"hardware": ident["name"]})
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
-           "started": _now(), "ceilings": ceilings or hardware.ceilings(), "env": hardware.environment()}
+           "started": _now(), "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(),
+           "env": hardware.environment()}
     run["env"]["clocks_start"] = hardware.clocks()
     protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
@@ -183,9 +184,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
     return {
         "schema_version": RESULT_SCHEMA_VERSION,
         "case_id": case.id,
-        "case_sha256": case_sha256(path),
-        "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
-        "measurement_sha256": measurement_sha256(case),
+        **run["sources"],
         "command": f"casebook run {path.as_posix()}" + (" --quick" if run["quick"] else "")
                    + "".join(f" --variant {v}" for v in only or []),
         "complete": complete,
@@ -202,6 +201,14 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e),
         "kernel_file": kernel_file.name,
     }
+
+
+def _sources(path: Path, case) -> dict:
+    """The hashes that tie a result to what it ran, taken as the run starts: a case or kernel edited while
+    it runs (its variants import the module one by one) leaves the result stale, not falsely current."""
+    return {"case_sha256": case_sha256(path),
+            "kernel_sha256": kernel_sha256(case.kernel.module, _kernel_file(case.kernel.module).parent),
+            "measurement_sha256": measurement_sha256(case)}
 
 
 def _kernel_file(module: str) -> Path:

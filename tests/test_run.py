@@ -380,3 +380,23 @@ def test_checkpoint_after_each_variant_but_the_last(tmp_path, monkeypatch):
     assert doc["complete"] is True
     assert [len(d["variants"]) for d in seen] == list(range(1, len(variants)))
     assert all(d["complete"] is False for d in seen)
+
+
+def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
+    """A case edited while its run goes on: the result names the file that started the run, so
+    `casebook check` calls it stale instead of current."""
+    from casebook import run as run_mod
+    from casebook.provenance import case_sha256
+
+    path = tmp_path / "cases" / "softmax_fusion.yaml"
+    path.parent.mkdir()
+    path.write_text((REPO / "cases" / "softmax_fusion.yaml").read_text())
+    before = case_sha256(path)
+
+    def edit_then_stub(work, tasks, **kw):
+        path.write_text(path.read_text() + "\n# edited during the run\n")
+        return [{"status": "checked"} for _ in tasks]
+
+    monkeypatch.setattr(run_mod, "run_isolated", edit_then_stub)
+    doc = run_mod.run_case(path)
+    assert doc["case_sha256"] == before != case_sha256(path)
