@@ -1,0 +1,124 @@
+"""Device exploration (not a casebook run): which resource the erfc epilogue exhausts in the ping-pong GEMM.
+
+epilogue_clocks.py (notes/h200-2026-12-01e/epilogue_clocks.txt) falsified the power hypothesis: under
+sustained load the erfc ping-pong kernel ran at a *higher* SM clock than the plain one (1740 against
+1538 MHz, both at the power cap) and took 45% more cycles (516 k against 356 k). So the epilogue is not
+hidden under the other consumer's main loop, although by issue slots (~28 instructions per element,
+two of them MUFU, 128 elements per thread) it needs ~2-3 k cycles a tile against a ~11 k-cycle main loop.
+
+Each probe below replaces `gemm_pingpong._gelu_erf` (in a fresh process, so Gluon compiles it anew)
+and times the kernel at 8192 x 8192 x 1024 bf16, beside the tanh form (~6 instructions, one MUFU):
+- `mufu2`: two MUFU (rcp, ex2) and ~4 other instructions. If it costs as much as erfc, MUFU is the
+  bottleneck.
+- `fma28`: ~28 FP32 instructions, no MUFU. If it costs as much as erfc, the FP32 issue is.
+- `approx`: erfc with ex2.approx.ftz and rcp.approx.ftz (inline PTX), which drop the range fix-ups
+  (~5 instructions per element).
+- `estrin`: erfc with the polynomial in Estrin's scheme: depth 4 instead of 9 dependent FMAs.
+Prediction, written before running: fma28 costs about what erfc does and mufu2 about what tanh does
+(FP32 issue, not MUFU); approx then gains ~15%, estrin little.
+
+    python3 benchmarks/explore/epilogue_probe.py            (H200: every probe, each in its own process)
+    python3 benchmarks/explore/epilogue_probe.py PROBE      (one)
+"""
+import subprocess
+import sys
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from casebook.kernels import gemm_pingpong as gp
+
+PROBES = ("erfc", "tanh", "mufu2", "fma28", "approx", "estrin")
+
+
+@gluon.jit
+def _ex2_ftz(x):
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _rcp_ftz(x):
+    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def mufu2(x):
+    return x * _ex2_ftz(_rcp_ftz(x + 3.0) - x)
+
+
+@gluon.jit
+def fma28(x):
+    p = x * 0.17087277 - 0.82215223
+    for _ in gl.static_range(26):
+        p = p * x + 0.37409196
+    return p
+
+
+@gluon.jit
+def approx(x):
+    z = gl.abs(x) * 0.7071067811865476
+    t = _rcp_ftz(1.0 + 0.5 * z)
+    p = t * 0.17087277 - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    half = 0.5 * x * t * _ex2_ftz((p - z * z) * 1.4426950408889634)
+    return gl.where(x >= 0, x - half, half)
+
+
+@gluon.jit
+def estrin(x):
+    z = gl.abs(x) * 0.7071067811865476
+    t = _rcp_ftz(1.0 + 0.5 * z)
+    t2 = t * t
+    t4 = t2 * t2
+    t8 = t4 * t4
+    q01 = 1.00002368 * t - 1.26551223
+    q23 = 0.09678418 * t + 0.37409196
+    q45 = 0.27886807 * t - 0.18628806
+    q67 = -1.13520398 * t + 1.48851587
+    q89 = 0.17087277 * t - 0.82215223
+    q03 = q23 * t2 + q01
+    q47 = q67 * t2 + q45
+    p = (q89 * t8) + (q47 * t4 + q03)
+    half = 0.5 * x * t * _ex2_ftz((p - z * z) * 1.4426950408889634)
+    return gl.where(x >= 0, x - half, half)
+
+
+def probe(name: str) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from casebook.bench import Protocol, time_fn
+
+    form = "tanh" if name == "tanh" else "erf"
+    if name not in ("erfc", "tanh"):
+        gp._gelu_erf = globals()[name]  # the kernel resolves the name when this process compiles it
+    torch.manual_seed(0)
+    m, n, k = 8192, 8192, 1024
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    b = (torch.randn(k, n, device="cuda") * k**-0.5).to(torch.bfloat16)
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    out = gp.matmul(a, b, bias, form).double()
+    ref = a.double() @ b.double() + bias.double()
+    want = F.gelu(ref, approximate="tanh" if form == "tanh" else "none")
+    err = ((out - want).norm() / want.norm()).item()
+    plain = time_fn(lambda: gp.matmul(a, b, bias, "none"), "cuda", Protocol()).summary.median_us
+    us = time_fn(lambda: gp.matmul(a, b, bias, form), "cuda", Protocol()).summary.median_us
+    print(f"{name:7s} {us:7.1f} us  (+{us / plain - 1:6.1%} over the bias-only kernel, {plain:.1f} us)  "
+          f"normwise error against the exact GELU {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        probe(sys.argv[1])
+    else:
+        for name in PROBES:
+            subprocess.run([sys.executable, __file__, name], timeout=60)
