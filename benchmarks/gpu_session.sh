@@ -20,6 +20,7 @@
 #   bash benchmarks/gpu_session.sh tma-rows       # the Gluon TMA-rows softmax exploration
 #   bash benchmarks/gpu_session.sh epilogue       # the epilogue's clocks, the ping-pong timings, then
 #                                                 # gemm_epilogue
+#   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
@@ -104,11 +105,15 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
     echo "pingpong: exit $?"; grep -v normwise "$out/logs/pingpong.txt"
     run_case gemm_epilogue 250 ;;
+  epilogue-case)  # the ping-pong kernel checked at ragged shapes, then gemm_epilogue
+    timeout 60 python3 benchmarks/explore/pingpong_epilogue.py --check > "$out/logs/pingpong_check.txt" 2>&1
+    echo "pingpong check: exit $?"; cat "$out/logs/pingpong_check.txt"
+    run_case gemm_epilogue 280 ;;
   grouped)
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

@@ -17,6 +17,16 @@ and times the kernel at 8192 x 8192 x 1024 bf16, beside the tanh form (~6 instru
 Prediction, written before running: fma28 costs about what erfc does and mufu2 about what tanh does
 (FP32 issue, not MUFU); approx then gains ~15%, estrin little.
 
+Measured on an H200 (notes/h200-2026-12-01e/epilogue_probe.txt), over the bias-only kernel (~201.8 us):
+erfc +36.7%, tanh +3.1%, mufu2 +0.5%, fma28 +39.8%, approx +14.7%, estrin +21.6%. The prediction held
+in direction: the MUFU is free, FP32 instructions are not. Read as a line, each FP32 instruction per
+accumulator element beyond the first ~4 costs ~1.45% (tanh has 6 with the bias add, fma28 29, erfc
+~28): about its own issue time, so the epilogue's FP32 work is not overlapped with the other
+consumer's tensor-core work at all beyond that. Estrin's shorter chain with more multiplies was
+slower than Horner (and its timing was of a wrong polynomial: a pair of coefficients swapped,
+normwise error 1.6e-2; the cost, not the value, is what it measured). Latency is not the limit;
+instruction count is. gemm_pingpong's erf now has 12 (a degree-5 fit, ERFC_FIT).
+
     python3 benchmarks/explore/epilogue_probe.py            (H200: every probe, each in its own process)
     python3 benchmarks/explore/epilogue_probe.py PROBE      (one)
 """

@@ -67,6 +67,14 @@ as h + h tanh(x (c1 + c2 x^2)), h = x / 2 (gemm_common's form), it is 6. Predict
 cost scales with its instruction count (either hypothesis in epilogue_clocks.py), the tanh kernel
 drops from +5.7% over the plain ping-pong kernel to about +4%, ~210 us.
 
+Fourth run (pingpong-4.txt): tanh 207.4 us, +3.1% over the plain kernel (201.2): held, and in the case
+run the tanh claims then held (1.30x over addmm + tanh GELU, 1.04x over cuBLASLt). epilogue_clocks.py
+then falsified the power hypothesis and epilogue_probe.py found the cost: FP32 instructions per element,
+~1.45% each beyond ~4, while MUFU operations are free. The erf form was rewritten to 12 FP32
+instructions (a degree-5 erfc fit, ex2/rcp on the MUFU without fix-ups; gemm_pingpong.ERFC_FIT).
+Prediction: +11-12% over the plain kernel, ~224 us at 8192 x 8192 x 1024: 1.27x over addmm + GELU
+(the 1.3x claim still missed) and ~77% of a ~797 TFLOP/s roof (the 75% claim met).
+
     python3 benchmarks/explore/pingpong_epilogue.py --compile-only   (any machine with Triton 3.6)
     python3 benchmarks/explore/pingpong_epilogue.py --check          (H200: small and ragged shapes)
     python3 benchmarks/explore/pingpong_epilogue.py                  (H200: check, then time)

@@ -27,8 +27,9 @@ The ladder (baseline: eager):
   triton_fused        the persistent TMA Triton GEMM with the same epilogue: one kernel, whose next
                       tile's loads overlap this tile's epilogue (matters at short K)
   triton_fused_tanh   triton_fused with the tanh form: the epilogue's arithmetic cut to a few FMAs
-  gluon_pingpong_tanh the tanh form in a ping-pong kernel (Gluon, Hopper only): two consumer warpgroups
-                      alternate, so one's epilogue runs while the other's main loop computes
+  gluon_pingpong      a ping-pong kernel (Gluon, Hopper only): two consumer warpgroups alternate, so
+                      one's epilogue runs while the other's main loop computes
+  gluon_pingpong_tanh the same with the tanh form
 
 `triton_plain` below is the same persistent GEMM without the epilogue. It is not a variant (it computes
 a different function), but timing it beside `triton_fused` isolates the epilogue's own cost.
@@ -141,9 +142,17 @@ def triton_fused_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> t
     return gemm_common.matmul(a, b, bias=bias, gelu="tanh", schedule="tma_persistent")
 
 
+def gluon_pingpong(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Hopper only: two consumer warpgroups alternate tiles, so one's bias + GELU runs under the other's
+    main loop (gemm_pingpong; its erf is a fitted erfc with 12 FP32 instructions per element).
+    Imported here, so a Triton without Gluon fails these variants alone."""
+    from casebook.kernels import gemm_pingpong
+
+    return gemm_pingpong.matmul(a, b, bias, gelu="erf")
+
+
 def gluon_pingpong_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Hopper only: two consumer warpgroups alternate tiles, so one's bias + tanh GELU runs under the
-    other's main loop (gemm_pingpong). Imported here, so a Triton without Gluon fails this variant alone."""
+    """gluon_pingpong with the tanh form."""
     from casebook.kernels import gemm_pingpong
 
     return gemm_pingpong.matmul(a, b, bias, gelu="tanh")
