@@ -37,20 +37,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from casebook.kernels import gemm_pingpong as gp
+from casebook.kernels.gemm_pingpong import _ex2 as _ex2_ftz
+from casebook.kernels.gemm_pingpong import _rcp as _rcp_ftz
 
 PROBES = ("erfc", "tanh", "mufu2", "fma28", "approx", "estrin")
-
-
-@gluon.jit
-def _ex2_ftz(x):
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                     pack=1)
-
-
-@gluon.jit
-def _rcp_ftz(x):
-    return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                     pack=1)
 
 
 @gluon.jit

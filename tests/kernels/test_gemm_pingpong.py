@@ -1,7 +1,8 @@
 """gemm_pingpong: Gluon does not run on the CPU (no interpreter), so the kernel is lowered ahead of time
-for sm_90a with the installed Triton, and its PTX is checked for what the design depends on. The
-arithmetic is checked on the H200 (tests/kernels/test_gemm_epilogue.py's GPU-only test, and
-benchmarks/explore/pingpong_epilogue.py --check at ragged shapes)."""
+for sm_90a with the installed Triton, and its PTX is checked for what the design depends on; the erf
+epilogue's arithmetic is replayed in fp32 with the module's constants. The kernel's results are checked
+on the H200 (every `casebook run` of gemm_epilogue, tests/kernels/test_gemm_epilogue.py's GPU-only
+test, and benchmarks/explore/pingpong_epilogue.py --check at ragged shapes)."""
 
 from __future__ import annotations
 
