@@ -27,6 +27,11 @@ slower than Horner (and its timing was of a wrong polynomial: a pair of coeffici
 normwise error 1.6e-2; the cost, not the value, is what it measured). Latency is not the limit;
 instruction count is. gemm_pingpong's erf now has 12 (a degree-5 fit, ERFC_FIT).
 
+From then on `erfc` names the module's erf form, that fit. One more probe, `deg4`: a degree-4 fit
+(t = 1 / (1 + 0.7 z), erfc relative error 5.0e-5, GELU within 5.8e-5 in fp32), one FMA fewer.
+Prediction, by the line above: ~1.4% faster than the module's form, ~218 us at 8192 x 8192 x 1024 in
+the case's protocol, which is what the 1.3x claim needs (218.8).
+
     python3 benchmarks/explore/epilogue_probe.py            (H200: every probe, each in its own process)
     python3 benchmarks/explore/epilogue_probe.py PROBE      (one)
 """
@@ -40,7 +45,7 @@ from casebook.kernels import gemm_pingpong as gp
 from casebook.kernels.gemm_pingpong import _ex2 as _ex2_ftz
 from casebook.kernels.gemm_pingpong import _rcp as _rcp_ftz
 
-PROBES = ("erfc", "tanh", "mufu2", "fma28", "approx", "estrin")
+PROBES = ("erfc", "tanh", "mufu2", "fma28", "approx", "estrin", "deg4")
 
 
 @gluon.jit
@@ -90,6 +95,24 @@ def estrin(x):
     p = (q89 * t8) + (q47 * t4 + q03)
     half = 0.5 * x * t * _ex2_ftz((p - z * z) * 1.4426950408889634)
     return gl.where(x >= 0, x - half, half)
+
+
+_DEG4 = [gl.constexpr(c * 1.4426950408889634 - (i == 0)) for i, c in
+         enumerate((-0.92627048, 0.95588314, 0.507821787, -0.792299055, 0.254858285))]
+_D0, _D1, _D2, _D3, _D4 = _DEG4
+_K = gl.constexpr(0.7 * 0.7071067811865476)
+
+
+@gluon.jit
+def deg4(x):
+    a = gl.abs(x)
+    t = _rcp_ftz(1.0 + _K * a)
+    p = t * _D4 + _D3
+    p = p * t + _D2
+    p = p * t + _D1
+    p = p * t + _D0
+    e = _ex2_ftz(p - 0.7213475204444817 * x * x)
+    return gl.maximum(x, 0.0) - (a * t) * e
 
 
 def probe(name: str) -> None:
