@@ -30,7 +30,9 @@ instruction count is. gemm_pingpong's erf now has 12 (a degree-5 fit, ERFC_FIT).
 From then on `erfc` names the module's erf form, that fit. One more probe, `deg4`: a degree-4 fit
 (t = 1 / (1 + 0.7 z), erfc relative error 5.0e-5, GELU within 5.8e-5 in fp32), one FMA fewer.
 Prediction, by the line above: ~1.4% faster than the module's form, ~218 us at 8192 x 8192 x 1024 in
-the case's protocol, which is what the 1.3x claim needs (218.8).
+the case's protocol, which is what the 1.3x claim needs (218.8). Not run yet: the session's device
+time was spent. It compiles for sm_90a with Triton 3.6 (11 FP32 instructions per element in the PTX,
+against the module form's 12).
 
     python3 benchmarks/explore/epilogue_probe.py            (H200: every probe, each in its own process)
     python3 benchmarks/explore/epilogue_probe.py PROBE      (one)
