@@ -30,15 +30,26 @@ def case_sha256(path: str | Path) -> str:
 
 
 def kernel_sha256(module: str, kernels_dir: Path | None = None) -> str:
-    """sha256 hex of the kernel module file's bytes, then those of the kernel modules it imports."""
+    """sha256 hex of the kernel module file's bytes, then those of every kernel module it imports,
+    directly or through another (in name order)."""
     path = kernel_path(module, kernels_dir)
-    source = path.read_bytes()
-    digest = hashlib.sha256(source)
-    for dep in sorted(kernel_imports(source) - {module}):
-        dep_path = path.parent / f"{dep}.py"
-        if dep_path.exists():
-            digest.update(b"\0" + dep.encode() + b"\0" + dep_path.read_bytes())
+    digest = hashlib.sha256(path.read_bytes())
+    for dep in sorted(_imported_closure(module, path.parent) - {module}):
+        digest.update(b"\0" + dep.encode() + b"\0" + (path.parent / f"{dep}.py").read_bytes())
     return digest.hexdigest()
+
+
+def _imported_closure(module: str, folder: Path) -> set[str]:
+    """`module` and the kernel modules in `folder` it reaches through imports."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        path = folder / f"{name}.py"
+        if name in seen or not path.exists():
+            continue
+        seen.add(name)
+        todo += kernel_imports(path.read_bytes())
+    return seen
 
 
 def kernel_imports(source: bytes) -> set[str]:

@@ -444,7 +444,7 @@ class Result(Open):
     schema_version: int = Field(description="Version of the result format.")
     case_id: str = Field(description="The case measured.")
     case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
-    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with the kernel modules it imports) when it was run.")
+    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with every kernel module it imports, directly or not) when it was run.")
     measurement_sha256: str | None = Field(
         default=None,
         description="sha256 of the case's kernel, levels and claims: staleness is judged by it when present, so prose edits keep a result current.")
