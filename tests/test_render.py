@@ -187,7 +187,7 @@ def test_markup_in_a_case_is_shown_as_text_never_run(make_case, tmp_path: Path, 
     make_case({
         'title: "Fused softmax: one read, one write, at every row length"':
             f"title: '{EVIL}'",
-        "  - operator: layernorm\n": f"  - operator: '<b onmouseover=alert(3)>layernorm</b>'\n",
+        "  - operator: layernorm\n": "  - operator: '<b onmouseover=alert(3)>layernorm</b>'\n",
         "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One reduction per row;",
         "  notes: |\n": "  notes: |\n    <script>alert(6)</script> [x](javascript:alert(7)) ![p](https://evil.example/p.png)\n",
     }, name="xss_case")
