@@ -159,7 +159,6 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                 "points": workload_points, "summary": _workload_summary(workload_points, case.kernel.baseline)}
     e2e = _end_to_end(case, e2e_runs, on_gpu)
     env = {**run["env"], "clocks_end": hardware.clocks()}
-    kernel_file = _kernel_file(case.kernel.module)
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
                     "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
@@ -199,15 +198,16 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "end_to_end": e2e,
         "counters": [],
         "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e),
-        "kernel_file": kernel_file.name,
     }
 
 
 def _sources(path: Path, case) -> dict:
-    """The hashes that tie a result to what it ran, taken as the run starts: a case or kernel edited while
-    it runs (its variants import the module one by one) leaves the result stale, not falsely current."""
-    return {"case_sha256": case_sha256(path),
-            "kernel_sha256": kernel_sha256(case.kernel.module, _kernel_file(case.kernel.module).parent),
+    """The kernel file and the hashes that tie a result to what it ran, taken as the run starts: a case
+    or kernel edited while it runs (its variants import the module one by one) leaves the result stale,
+    not falsely current."""
+    kernel_file = _kernel_file(case.kernel.module)
+    return {"case_sha256": case_sha256(path), "kernel_file": kernel_file.name,
+            "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
             "measurement_sha256": measurement_sha256(case)}
 
 
