@@ -87,7 +87,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 WIDTH = 256  # a row is viewed as [cols / WIDTH, WIDTH]: one TMA box (each box dimension is at most 256)
 RING_BYTES, MAX_STAGES, CHUNK, NUM_WARPS = 192 * 1024, 12, 32, 8
-LOG2E = 1.4426950408889634
+LOG2E = gl.constexpr(1.4426950408889634)
 
 
 def smem_layout():
@@ -96,7 +96,7 @@ def smem_layout():
 
 
 @gluon.jit
-def _producer(x_desc, y_desc, bufs, ready, empty, n_rows, CH: gl.constexpr, EXP_ONCE: gl.constexpr):
+def _producer(x_desc, bufs, ready, empty, n_rows):
     SUB: gl.constexpr = x_desc.block_type.shape[0]
     NS: gl.constexpr = bufs.type.shape[0]
     it = 0
@@ -131,12 +131,12 @@ def _consumer(x_desc, y_desc, bufs, ready, empty, done, n_rows, CH: gl.constexpr
             if EXP_ONCE:
                 ebuf = buf._reinterpret(gl.float16, [SUB, W], buf.type.layout)
                 for c in gl.static_range(0, SUB, CH):
-                    e = gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
+                    e = gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * LOG2E)
                     l_lane += e
                     ebuf.slice(c, CH).store(e.to(gl.float16))
             else:
                 for c in gl.static_range(0, SUB, CH):
-                    l_lane += gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * 1.4426950408889634)
+                    l_lane += gl.exp2((buf.slice(c, CH).load(layout).to(gl.float32) - m) * LOG2E)
             inv = 1.0 / gl.sum(gl.sum(l_lane, axis=1), axis=0)
             # Pass 3: normalised values back into the slot, then one TMA store of the row.
             if EXP_ONCE:
@@ -146,7 +146,7 @@ def _consumer(x_desc, y_desc, bufs, ready, empty, done, n_rows, CH: gl.constexpr
             else:
                 for c in gl.static_range(0, SUB, CH):
                     v = buf.slice(c, CH).load(layout).to(gl.float32)
-                    buf.slice(c, CH).store((gl.exp2((v - m) * 1.4426950408889634) * inv).to(y_desc.dtype))
+                    buf.slice(c, CH).store((gl.exp2((v - m) * LOG2E) * inv).to(y_desc.dtype))
         fence_async_shared()
         if STORER:  # the storer warp takes it from here: every consumer warp's writes are in the slot first
             gl.thread_barrier()
@@ -191,13 +191,13 @@ def softmax_rows_kernel(x_desc, y_desc, n_rows, STAGES_: gl.constexpr, CH: gl.co
     if STORER:
         gl.warp_specialize([
             (_consumer, (x_desc, y_desc, bufs, ready, empty, done, n_rows, CH, EXP_ONCE, STORER, MATH)),
-            (_producer, (x_desc, y_desc, bufs, ready, empty, n_rows, CH, EXP_ONCE)),
+            (_producer, (x_desc, bufs, ready, empty, n_rows)),
             (_storer, (y_desc, bufs, empty, done, n_rows)),
         ], [1, 1], [24, 24])
     else:
         gl.warp_specialize([
             (_consumer, (x_desc, y_desc, bufs, ready, empty, done, n_rows, CH, EXP_ONCE, STORER, MATH)),
-            (_producer, (x_desc, y_desc, bufs, ready, empty, n_rows, CH, EXP_ONCE)),
+            (_producer, (x_desc, bufs, ready, empty, n_rows)),
         ], [1], [24])
 
 
