@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from casebook.kernels.gelu_fit import ERFC_FIT, LOG2E
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # Triton before 3.4: no host-side descriptors, the TMA schedule runs `persistent`
@@ -144,13 +146,13 @@ def _mma(a, b, acc, UPCAST_DOT: tl.constexpr):
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 TANH_CUBIC = tl.constexpr(0.7978845608028654 * 0.044715)
-HW_TANH = tl.constexpr(not INTERPRET)
-"""tanh on the special-function unit (`tanh.approx.f32`, sm75+); the interpreter has no inline PTX."""
+SFU_ASM = tl.constexpr(not INTERPRET)
+"""tanh, ex2 and rcp as single special-function-unit instructions (sm75+); the interpreter has no inline PTX."""
 
 
 @triton.jit
 def _tanh(u):
-    if HW_TANH:
+    if SFU_ASM:
         # One MUFU op, relative error under 2^-10.99 (PTX ISA): GELU off by at most |x| 2^-12, a thirtieth
         # of a bf16 ulp where GELU(x) ~ x.
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [u], dtype=tl.float32,
@@ -159,38 +161,49 @@ def _tanh(u):
 
 
 @triton.jit
-def _gelu_erf(x):
-    """x Phi(x), GELU's exact form, with the same instructions for every element.
+def _ex2(u):
+    if SFU_ASM:  # one MUFU op, relative error 2^-22, without tl.exp2's range fix-ups
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [u], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return tl.exp2(u)
 
-    libdevice's erf branches per element between two polynomials, and in a tile of 128 values per
-    thread those branches cost the GEMM 24-55% (cases/gemm_epilogue.yaml). Here Phi comes from erfc,
-    Numerical Recipes' `erfcc` (Chebyshev fit, relative error under 1.2e-7 over the whole line): one
-    reciprocal, one exp2, ten FMAs. For x >= 0, x Phi(x) = x - x erfc(x / sqrt 2) / 2, and for x < 0,
-    x erfc(|x| / sqrt 2) / 2: no cancellation on either side. In fp32 against float64 over [-12, 12],
-    GELU's relative error is at most 6.3e-6 for |x| < 6 and 2.5e-5 beyond (tests/kernels/test_gemm_common.py),
-    both far below a bf16 or fp16 rounding.
-    """
-    z = tl.abs(x) * 0.7071067811865476
-    t = 1.0 / (1.0 + 0.5 * z)
-    p = t * 0.17087277 - 0.82215223
-    p = p * t + 1.48851587
-    p = p * t - 1.13520398
-    p = p * t + 0.27886807
-    p = p * t - 0.18628806
-    p = p * t + 0.09678418
-    p = p * t + 0.37409196
-    p = p * t + 1.00002368
-    p = p * t - 1.26551223
-    half = 0.5 * x * t * tl.exp2((p - z * z) * 1.4426950408889634)  # x erfc(z) / 2
-    return tl.where(x >= 0, x - half, half)
+
+@triton.jit
+def _rcp(u):
+    if SFU_ASM:  # one MUFU op, without a division's refinement
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [u], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return 1.0 / u
+
+
+# The exact GELU's erfc, fitted for few instructions (gelu_fit says why), log2(e) and the 1/2 of
+# |x| erfc / 2 folded into its coefficients.
+_E0, _E1, _E2, _E3, _E4, _E5 = (tl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
+HALF_LOG2E = tl.constexpr(0.5 * LOG2E)
+HALF_RSQRT2 = tl.constexpr(0.5 * 0.7071067811865476)
+
+
+@triton.jit
+def _gelu_erf(x):
+    """x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2: GELU's exact form, straight-line (libdevice's
+    erf branches per element, which cost the GEMM 24-55%), with no cancellation on either side: 12 FP32
+    instructions per element with the bias add, and two MUFU ones."""
+    a = tl.abs(x)
+    t = _rcp(1.0 + HALF_RSQRT2 * a)  # z = |x| / sqrt 2, t = 1 / (1 + z/2)
+    p = t * _E5 + _E4
+    p = p * t + _E3
+    p = p * t + _E2
+    p = p * t + _E1
+    p = p * t + _E0  # log2(e) P(t) - 1
+    return tl.maximum(x, 0.0) - (a * t) * _ex2(p - HALF_LOG2E * x * x)  # erfc(z) / 2t = exp(P(t) - z^2) / 2
 
 
 @triton.jit
 def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, GELU: tl.constexpr):
     # On the fp32 accumulator, in registers: no extra pass over C. GELU is "none", "erf" (the exact
-    # form, torch's default: a branch-free erfc, ~16 instructions per element, two of them on the
-    # special-function unit) or "tanh" (the tanh form, cuBLASLt's GELU epilogue: a few FMAs and one
-    # tanh on the special-function unit).
+    # form, torch's default: a fitted erfc, 12 FP32 instructions per element and two on the
+    # special-function unit) or "tanh" (the tanh form, cuBLASLt's GELU epilogue: 6 FP32 instructions
+    # and one tanh on the special-function unit).
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]

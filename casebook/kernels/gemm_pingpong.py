@@ -37,6 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from casebook.kernels.gelu_fit import ERFC_FIT, LOG2E
+
 # Triton 3.6 names these async_copy_global_to_shared / async_copy_shared_to_global; later releases
 # async_load / async_store, and the old store name raises.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -66,17 +68,7 @@ def _tanh(x):
                                      pack=1)
 
 
-ERFC_FIT = (-1.26654132, 1.0180138, 0.254427332, 0.474543491, -0.709249068, 0.228813456)
-"""erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), P(t) = sum ERFC_FIT[i] t^i: a degree-5 fit of
-Numerical Recipes' form (whose degree-9 P gemm_common uses), least squares iterated toward minimax over
-z in [0, 9]. Relative error of erfc at most 7.8e-6; of GELU in fp32, 1.1e-5 for |x| < 6 and 2.4e-5
-beyond (tests/kernels/test_gemm_pingpong.py): a 160th of a bf16 ulp, a 40th of an fp16 one.
-Why not degree 9: in this kernel every FP32 instruction per element costs the GEMM ~1.4% once the
-epilogue outgrows the other consumer's main loop, and MUFU operations cost nothing (measured:
-benchmarks/explore/epilogue_probe.py). Four fewer FMAs, the exponential and reciprocal on the MUFU
-without their range fix-ups, log2(e) and the 1/2 of |x| erfc / 2 folded into the coefficients take
-the erf epilogue from ~28 FP32 instructions per element (bias add included) to 12."""
-LOG2E = 1.4426950408889634
+# The exact GELU's erfc fit, shared with the Triton kernels (gelu_fit says why it is short).
 _P0, _P1, _P2, _P3, _P4, _P5 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
 _HALF_LOG2E = gl.constexpr(0.5 * LOG2E)
 _HALF_RSQRT2 = gl.constexpr(0.5 * 0.7071067811865476)

@@ -68,7 +68,7 @@ def test_fused_epilogue_is_the_exact_erf_gelu():
 
 
 def test_erf_epilogue_is_accurate_element_by_element():
-    """The branch-free erfc GELU (gemm_common._gelu_erf) in fp32, through the kernel: I @ X + 0 = X, so
+    """The fitted erfc GELU (gemm_common._gelu_erf) in fp32, through the kernel: I @ X + 0 = X, so
     each output is GELU of one input. Relative error, element by element, against float64 over [-12, 12],
     the negative tail included, where GELU is tiny and a plain 1 + erf would cancel."""
     from casebook.kernels import gemm_common
@@ -78,7 +78,7 @@ def test_erf_epilogue_is_accurate_element_by_element():
     out = gemm_common.matmul(torch.eye(k), x.float(), torch.zeros(n), gelu="erf", schedule="tiled").double()
     exact = 0.5 * x * torch.erfc(-x / 2**0.5)  # F.gelu's 1 + erf cancels to 0 below x = -8, even in float64
     rel = (out - exact).abs() / exact.abs()
-    assert rel[x.abs() < 6].max() < 1e-5 and rel.max() < 5e-5
+    assert rel[x.abs() < 6].max() < 1.5e-5 and rel.max() < 3e-5
 
 
 def test_triton_plain_is_the_bare_gemm():
