@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from casebook.kernels.gelu_fit import ERFC_FIT, LOG2E
+from casebook.kernels.gelu_fit import ERFC_FIT, LOG2E, RSQRT2, T_SCALE
 
 # Triton 3.6 names these async_copy_global_to_shared / async_copy_shared_to_global; later releases
 # async_load / async_store, and the old store name raises.
@@ -69,9 +69,9 @@ def _tanh(x):
 
 
 # The exact GELU's erfc fit, shared with the Triton kernels (gelu_fit says why it is short).
-_P0, _P1, _P2, _P3, _P4, _P5 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
+_P0, _P1, _P2, _P3, _P4 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
 _HALF_LOG2E = gl.constexpr(0.5 * LOG2E)
-_HALF_RSQRT2 = gl.constexpr(0.5 * 0.7071067811865476)
+_T_RSQRT2 = gl.constexpr(T_SCALE * RSQRT2)
 
 
 @gluon.jit
@@ -90,9 +90,8 @@ def _rcp(x):
 def _gelu_erf(x):
     """x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2, straight-line: no cancellation on either side."""
     a = gl.abs(x)
-    t = _rcp(1.0 + _HALF_RSQRT2 * a)  # z = |x| / sqrt 2, t = 1 / (1 + z/2)
-    p = t * _P5 + _P4
-    p = p * t + _P3
+    t = _rcp(1.0 + _T_RSQRT2 * a)  # z = |x| / sqrt 2, t = 1 / (1 + T_SCALE z)
+    p = t * _P4 + _P3
     p = p * t + _P2
     p = p * t + _P1
     p = p * t + _P0  # log2(e) P(t) - 1
@@ -136,18 +135,20 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turn
     num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
     k_tiles = gl.cdiv(K, BK)
     step = gl.num_programs(0)
+    # Zeroed once: each tile's first wgmma overwrites it (use_acc=False), so no tile spends an
+    # instruction per element clearing it.
+    acc = gl.zeros((BM, BN), gl.float32, mma_layout)
     j = 0
     for tile in range(gl.program_id(0) + WHICH * step, num_tiles, 2 * step):
         off_m, off_n = _tile_offsets(tile, M, N, BM, BN, GROUP)
         base = (2 * j + WHICH) * k_tiles  # this tile's first slot use in the ring
-        acc = gl.zeros((BM, BN), gl.float32, mma_layout)
         # Consumer 0's first turn is free (the phase before the first); after that each waits for the other.
         mbarrier.wait(turn.index(WHICH), (j & 1) ^ (1 - WHICH))
         for kk in range(k_tiles):
             it = base + kk
             s = it % NS
             mbarrier.wait(ready.index(s), (it // NS) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
             # One wgmma stays in flight; the one before it is done, so its slot goes back.
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(empty.index((it + NS - 1) % NS), count=1, pred=kk > 0)
