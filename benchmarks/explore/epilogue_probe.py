@@ -41,6 +41,17 @@ file as it was at main 15e7adc) and after: after/erfc is 2-2.5% faster than befo
 the zeroing up to ~0.7%), after/deg5 is 0-0.7% faster than before/erfc, and the bias-only kernel
 moves by under 0.5% (its epilogue hides under the other consumer's main loop).
 
+Measured on an H200 (notes/h200-2026-12-01f/probe.txt, two rounds, medians in us at 8192 x 8192 x 1024):
+before/erfc 221.5 and 221.3, after/erfc 210.2 and 210.2 (5.0% faster: predicted 2-2.5%), after/deg5
+213.3 and 212.7 (3.8% faster: predicted 0-0.7%), tanh 208.0 -> 205.6 and 205.0, bias-only ~202.7 ->
+~199.6 (1.5%: predicted under 0.5%). The degree-4 fit did what the line predicted (1.3-1.5%); the
+zeroing cost five times the prediction. Why, from the SASS of the kernel before (cuobjdump of the
+sm_90a cubin): the CS2Rs came after the wait on the consumer's turn, so they sat between the other
+consumer's last wgmma and this one's first, on the tensor cores' critical path, and they issued on
+the same sub-partitions as the other consumer's epilogue. Half an instruction per element priced by
+its issue time was the wrong model for an instruction on the hand-off. Over the bias-only kernel,
+after/erfc costs +5.0-5.4% and tanh +2.8-2.9%.
+
     python3 benchmarks/explore/epilogue_probe.py                  (H200: every probe, each in its own process)
     python3 benchmarks/explore/epilogue_probe.py PROBE [MODULE]   (one, on gemm_pingpong or the module at MODULE)
 """
