@@ -61,7 +61,7 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
             continue
         device, timed = where
         common = dict(module=k.module, variant=v.name, fn=v.fn, device=device, timed=timed, protocol=proto,
-                      tolerance=v.tolerance, reference=k.reference, inputs=k.inputs, traffic=k.traffic)
+                      tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic)
         tasks = [Task(kind="point", shape=s, dtype=d, level="kernel", seed=SEED + i,
                       roofs=_roofs(ceilings, d), **common)
                  for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]

@@ -129,6 +129,12 @@ class Variant(Strict):
     tolerance: float | None = Field(
         default=None, gt=0, lt=1, description="Override of the per-dtype normwise relative error bound."
     )
+    reference: Ident | None = Field(
+        default=None,
+        description="A control that computes something else (e.g. the same GEMM without its epilogue, timed "
+        "beside the fused one to price the epilogue): the float64 function it is checked against instead of "
+        "the kernel's. Never the case's best variant.",
+    )
 
 
 class Kernel(Strict):
@@ -153,6 +159,9 @@ class Kernel(Strict):
             raise ValueError(f"variants: variant names repeat: {', '.join(sorted(dup))}")
         if self.baseline not in names:
             raise ValueError(f"baseline: {self.baseline!r} is not a variant (have: {', '.join(names)})")
+        if next(v for v in self.variants if v.name == self.baseline).reference:
+            raise ValueError(f"baseline: {self.baseline!r} is a control with its own reference; the baseline "
+                             "computes the case's function")
         return self
 
 

@@ -141,6 +141,7 @@ def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     k, e2e = case.kernel, case.levels.end_to_end
     wanted = [(("kernel", "reference"), k.reference), (("kernel", "inputs"), k.inputs), (("kernel", "traffic"), k.traffic)]
     wanted += [(("kernel", "variants", i, "fn"), v.fn) for i, v in enumerate(k.variants)]
+    wanted += [(("kernel", "variants", i, "reference"), v.reference) for i, v in enumerate(k.variants) if v.reference]
     wanted += [(("levels", "end_to_end", "scenario"), e2e.scenario), (("levels", "end_to_end", "inputs"), e2e.inputs)]
     errors = []
     for loc, name in wanted:

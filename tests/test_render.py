@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from site_helpers import REPO, build_site, copy_cases, copy_results
 
 from casebook.render import site, text
+from casebook.render.figures import best_variant
 from casebook.render.book import BookError, load_book
 from casebook.schema import slug
 
@@ -152,6 +154,17 @@ def test_mermaid_labels_cannot_break_the_graph(make_case, tmp_path: Path):
     graph = site.plan(book).pages["browse/transfers.md"]
     assert '["layer norm   --  x  click"]' in graph
     assert '"]) -->' not in graph.replace('"]):::', "")
+
+
+def test_a_control_is_never_the_best_variant(tmp_path: Path):
+    cases = copy_cases(tmp_path / "cases")
+    entry = load_book(cases, copy_results(tmp_path / "results", cases)).get("softmax_fusion")
+    stored = entry.results[0]
+    best = best_variant(entry, stored)
+    kernel = entry.case.kernel
+    variants = [v.model_copy(update={"reference": "reference"}) if v.name == best else v for v in kernel.variants]
+    case = entry.case.model_copy(update={"kernel": kernel.model_copy(update={"variants": variants})})
+    assert best_variant(replace(entry, case=case), stored) not in (None, best)
 
 
 # --- escaping --------------------------------------------------------------------------------

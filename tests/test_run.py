@@ -86,6 +86,13 @@ def test_plan_only_keeps_the_baseline():
     assert list(groups) == ["eager", "torch_softmax"]
 
 
+def test_plan_checks_a_control_against_its_own_reference():
+    case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
+    groups = run.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    assert {t.reference for t in groups["gluon_pingpong_plain"]["tasks"]} == {"reference_bias"}
+    assert {t.reference for t in groups["gluon_pingpong"]["tasks"]} == {"reference"}
+
+
 def test_variant_env_keeps_inductor_choices_in_casebooks_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(run.hardware, "CACHE_DIR", tmp_path)

@@ -45,6 +45,19 @@ def test_undefined_function(make_case, line_of, old, new, field):
                               "casebook/kernels/softmax_fusion.py; did you mean")
 
 
+def test_undefined_control_reference(make_case, line_of):
+    path = make_case({"      fn: triton_online\n": "      fn: triton_online\n      reference: reference_rowz\n"})
+    [problem] = problems(path)
+    assert problem.startswith(f"{path}:{line_of(path, 'reference: reference_rowz')}: kernel.variants.4.reference: "
+                              "'reference_rowz' is not defined at the top level")
+
+
+def test_baseline_cannot_be_a_control(make_case, line_of):
+    path = make_case({"      fn: torch_softmax\n": "      fn: torch_softmax\n      reference: reference\n"})
+    [problem] = problems(path)
+    assert "baseline: 'torch_softmax' is a control with its own reference" in problem
+
+
 def book_with_kernel(tmp_path: Path, source: str) -> None:
     kernels = tmp_path / "casebook" / "kernels"
     kernels.mkdir(parents=True)

@@ -30,6 +30,8 @@ The ladder (baseline: eager):
   gluon_pingpong      a ping-pong kernel (Gluon, Hopper only): two consumer warpgroups alternate, so
                       one's epilogue runs while the other's main loop computes
   gluon_pingpong_tanh the same with the tanh form
+  gluon_pingpong_plain a control, not a rung: the same kernel with the bias and no GELU, checked against
+                      A @ B + bias; the GELU's cost is what the two fused kernels take over it
 
 `triton_plain` below is the same persistent GEMM without the epilogue. It is not a variant (it computes
 a different function), but timing it beside `triton_fused` isolates the epilogue's own cost.
@@ -54,9 +56,17 @@ A convention: next to the GEMM's 2 k FLOPs per element it is noise either way.""
 
 def reference(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gelu(A @ B + bias) in float64, erf form (on a GPU when there is one)."""
+    return F.gelu(_affine64(a, b, bias)).to(a.device)
+
+
+def reference_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A @ B + bias in float64, no GELU: what the control `gluon_pingpong_plain` is checked against."""
+    return _affine64(a, b, bias).to(a.device)
+
+
+def _affine64(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     dev = gemm_common.reference_device()
-    c = a.to(dev, torch.float64) @ b.to(dev, torch.float64) + bias.to(dev, torch.float64)
-    return F.gelu(c).to(a.device)
+    return a.to(dev, torch.float64) @ b.to(dev, torch.float64) + bias.to(dev, torch.float64)
 
 
 def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
@@ -156,6 +166,13 @@ def gluon_pingpong_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) ->
     from casebook.kernels import gemm_pingpong
 
     return gemm_pingpong.matmul(a, b, bias, gelu="tanh")
+
+
+def gluon_pingpong_plain(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A control: gluon_pingpong with the bias and no GELU, timed beside it to price the GELU."""
+    from casebook.kernels import gemm_pingpong
+
+    return gemm_pingpong.matmul(a, b, bias, gelu="none")
 
 
 def triton_plain(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

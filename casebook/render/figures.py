@@ -107,10 +107,12 @@ def amdahl(entry: Entry, stored: StoredResult, colors: dict[str, str]) -> dict |
 
 
 def best_variant(entry: Entry, stored: StoredResult) -> str | None:
-    """The variant closest to its roof: timed at the most level-1 points, then the highest median roof fraction."""
+    """The variant closest to its roof: timed at the most level-1 points, then the highest median roof fraction.
+    Controls (variants with their own reference) compute something else, so they are never the best."""
+    controls = {v.name for v in entry.case.kernel.variants if v.reference}
     by: dict[str, list[float]] = {}
     for p in stored.result.kernel_level:
-        if p.status == "ok" and _ok(p.roof_fraction):
+        if p.status == "ok" and _ok(p.roof_fraction) and p.variant not in controls:
             by.setdefault(p.variant, []).append(p.roof_fraction)
     if not by:
         return None
