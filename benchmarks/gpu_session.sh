@@ -23,7 +23,8 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
-# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json.
+# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
+# writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out/results" "$out/logs"
@@ -36,6 +37,7 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
     > "$out/logs/$case.txt" 2> "$out/logs/$case.err"
   echo "$case: exit $?"
   grep -A20 '^Claims' "$out/logs/$case.txt" | head -12
+  grep -iE 'failed|crashed|timeout' "$out/logs/$case.txt" | grep -v '^  FAILED' | head -8
 }
 
 case "${1:-}" in
