@@ -77,9 +77,19 @@ def measurement_sha256(case: Any) -> str:
 
     Results record it beside the file hash, so rewording a case's write-up leaves its results current.
     """
-    spec = {"kernel": case.kernel.model_dump(mode="json"), "levels": case.levels.model_dump(mode="json"),
+    kernel = case.kernel.model_dump(mode="json")
+    for variant in kernel["variants"]:
+        for field in ADDED_FIELDS:
+            if variant.get(field) is None:
+                variant.pop(field, None)
+    spec = {"kernel": kernel, "levels": case.levels.model_dump(mode="json"),
             "claims": [c.model_dump(mode="json") for c in case.claims]}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+ADDED_FIELDS = ("reference",)
+"""Variant fields added to the schema after results were stored: hashed only when set, so adding an
+optional field leaves every case that does not use it, and its results, as they were."""
 
 
 def stale_reasons(result: Mapping, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from casebook.kernels.gelu_fit import ERFC_FIT, LOG2E, RSQRT2, T_SCALE
+from casebook.kernels.gelu_fit import ERFC_FIT, ERFC_FIT_BF16, LOG2E, RSQRT2, T_SCALE, T_SCALE_BF16
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -179,35 +179,43 @@ def _rcp(u):
 # The exact GELU's erfc, fitted for few instructions (gelu_fit says why), log2(e) and the 1/2 of
 # |x| erfc / 2 folded into its coefficients.
 _E0, _E1, _E2, _E3, _E4 = (tl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
+_F0, _F1, _F2, _F3 = (tl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT_BF16))
 HALF_LOG2E = tl.constexpr(0.5 * LOG2E)
 T_RSQRT2 = tl.constexpr(T_SCALE * RSQRT2)
+T_RSQRT2_BF16 = tl.constexpr(T_SCALE_BF16 * RSQRT2)
 
 
 @triton.jit
-def _gelu_erf(x):
+def _gelu_erf(x, BF16: tl.constexpr):
     """x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2: GELU's exact form, straight-line (libdevice's
     erf branches per element, which cost the GEMM 24-55%), with no cancellation on either side: 11 FP32
-    instructions per element with the bias add, and two MUFU ones."""
+    instructions per element with the bias add (10 when the output is bf16, BF16), and two MUFU ones."""
     a = tl.abs(x)
-    t = _rcp(1.0 + T_RSQRT2 * a)  # z = |x| / sqrt 2, t = 1 / (1 + T_SCALE z)
-    p = t * _E4 + _E3
-    p = p * t + _E2
-    p = p * t + _E1
-    p = p * t + _E0  # log2(e) P(t) - 1
+    if BF16:
+        t = _rcp(1.0 + T_RSQRT2_BF16 * a)  # z = |x| / sqrt 2, t = 1 / (1 + T_SCALE_BF16 z)
+        p = t * _F3 + _F2
+        p = p * t + _F1
+        p = p * t + _F0  # log2(e) P(t) - 1
+    else:
+        t = _rcp(1.0 + T_RSQRT2 * a)  # t = 1 / (1 + T_SCALE z)
+        p = t * _E4 + _E3
+        p = p * t + _E2
+        p = p * t + _E1
+        p = p * t + _E0
     return tl.maximum(x, 0.0) - (a * t) * _ex2(p - HALF_LOG2E * x * x)  # erfc(z) / 2t = exp(P(t) - z^2) / 2
 
 
 @triton.jit
-def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, GELU: tl.constexpr):
+def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, OUT_BF16: tl.constexpr):
     # On the fp32 accumulator, in registers: no extra pass over C. GELU is "none", "erf" (the exact
-    # form, torch's default: a fitted erfc, 11 FP32 instructions per element and two on the
+    # form, torch's default: a fitted erfc, 10-11 FP32 instructions per element and two on the
     # special-function unit) or "tanh" (the tanh form, cuBLASLt's GELU epilogue: 6 FP32 instructions
     # and one tanh on the special-function unit).
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
     if GELU == "erf":
-        acc = _gelu_erf(acc)
+        acc = _gelu_erf(acc, OUT_BF16)
     elif GELU == "tanh":
         half = 0.5 * acc
         acc = half + half * _tanh(acc * (SQRT_2_OVER_PI + TANH_CUBIC * acc * acc))
@@ -248,7 +256,7 @@ def _tiled_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
         b_ptrs += BLOCK_K * stride_bk
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+    acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU, c_ptr.dtype.element_ty == tl.bfloat16)
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
@@ -297,7 +305,7 @@ def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU, c_ptr.dtype.element_ty == tl.bfloat16)
         c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
@@ -333,7 +341,7 @@ def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
         tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU)
+        acc = _epilogue(acc, bias_ptr, offs_cn, N, HAS_BIAS, GELU, c_desc.dtype == tl.bfloat16)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from casebook.kernels.gelu_fit import ERFC_FIT, LOG2E, RSQRT2, T_SCALE
+from casebook.kernels.gelu_fit import ERFC_FIT, ERFC_FIT_BF16, LOG2E, RSQRT2, T_SCALE, T_SCALE_BF16
 
 # Triton 3.6 names these async_copy_global_to_shared / async_copy_shared_to_global; later releases
 # async_load / async_store, and the old store name raises.
@@ -72,6 +72,8 @@ def _tanh(x):
 _P0, _P1, _P2, _P3, _P4 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
 _HALF_LOG2E = gl.constexpr(0.5 * LOG2E)
 _T_RSQRT2 = gl.constexpr(T_SCALE * RSQRT2)
+_Q0, _Q1, _Q2, _Q3 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT_BF16))
+_T_RSQRT2_BF16 = gl.constexpr(T_SCALE_BF16 * RSQRT2)
 
 
 @gluon.jit
@@ -87,14 +89,21 @@ def _rcp(x):
 
 
 @gluon.jit
-def _gelu_erf(x):
-    """x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2, straight-line: no cancellation on either side."""
+def _gelu_erf(x, BF16: gl.constexpr):
+    """x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2, straight-line: no cancellation on either side.
+    BF16: the output rounds to bf16, and the degree-3 fit is exact enough for it."""
     a = gl.abs(x)
-    t = _rcp(1.0 + _T_RSQRT2 * a)  # z = |x| / sqrt 2, t = 1 / (1 + T_SCALE z)
-    p = t * _P4 + _P3
-    p = p * t + _P2
-    p = p * t + _P1
-    p = p * t + _P0  # log2(e) P(t) - 1
+    if BF16:
+        t = _rcp(1.0 + _T_RSQRT2_BF16 * a)  # z = |x| / sqrt 2, t = 1 / (1 + T_SCALE_BF16 z)
+        p = t * _Q3 + _Q2
+        p = p * t + _Q1
+        p = p * t + _Q0  # log2(e) P(t) - 1
+    else:
+        t = _rcp(1.0 + _T_RSQRT2 * a)  # t = 1 / (1 + T_SCALE z)
+        p = t * _P4 + _P3
+        p = p * t + _P2
+        p = p * t + _P1
+        p = p * t + _P0
     e = _ex2(p - _HALF_LOG2E * x * x)  # erfc(z) / 2t = exp(P(t) - z^2) / 2, z^2 = x^2 / 2
     return gl.maximum(x, 0.0) - (a * t) * e
 
@@ -165,7 +174,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turn
             half = 0.5 * x
             x = half + half * _tanh(x * (0.7978845608028654 + 0.035677408136300125 * x * x))
         elif GELU_FORM == 2:
-            x = _gelu_erf(x)
+            x = _gelu_erf(x, c_desc.dtype == gl.bfloat16)
         out = x.to(c_desc.dtype)
         tma.store_wait(pendings=0)  # this consumer's previous tile has left its staging buffer
         c_smem.store(out)

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 import yaml
 
 from casebook.check import TOLERANCE, TORCH_DTYPES
+from casebook.kernels import gemm_common
 from casebook.kernels import gemm_epilogue as mod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,14 +74,27 @@ def test_erf_epilogue_is_accurate_element_by_element():
     """The fitted erfc GELU (gemm_common._gelu_erf) in fp32, through the kernel: I @ X + 0 = X, so
     each output is GELU of one input. Relative error, element by element, against float64 over [-12, 12],
     the negative tail included, where GELU is tiny and a plain 1 + erf would cancel."""
-    from casebook.kernels import gemm_common
-
     k, n = 32, 512
     x = torch.linspace(-12, 12, k * n, dtype=torch.float64).reshape(k, n)
     out = gemm_common.matmul(torch.eye(k), x.float(), torch.zeros(n), gelu="erf", schedule="tiled").double()
     exact = 0.5 * x * torch.erfc(-x / 2**0.5)  # F.gelu's 1 + erf cancels to 0 below x = -8, even in float64
     rel = (out - exact).abs() / exact.abs()
     assert rel.max() < 6e-5
+
+
+@triton.jit
+def _gelu_erf_of(x_ptr, y_ptr, n, BF16: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, gemm_common._gelu_erf(tl.load(x_ptr + offs, mask=offs < n), BF16), mask=offs < n)
+
+
+def test_bf16_erf_is_exact_to_a_twentieth_of_its_ulp():
+    """The shorter fit the kernels take when they round to bf16, in fp32 before that rounding."""
+    x = torch.linspace(-12, 12, 20_001, dtype=torch.float64)
+    y = torch.empty(x.numel())
+    _gelu_erf_of[(triton.cdiv(x.numel(), 1024), )](x.float(), y, x.numel(), True, 1024)
+    exact = 0.5 * x * torch.erfc(-x / 2**0.5)
+    assert ((y.double() - exact).abs() / exact.abs()).max() < 2e-4
 
 
 def test_triton_plain_is_the_bare_gemm():
