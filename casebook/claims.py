@@ -27,16 +27,19 @@ def _speedups(points: list[dict], variant: str, over: str, where: Where) -> list
     return out
 
 
-def evaluate(case: Case, hardware_slug: str, kernel_points: list[dict], workload: dict, end_to_end: dict) -> list[dict]:
-    return [_evaluate(c, hardware_slug, kernel_points, workload, end_to_end) for c in case.claims]
+def evaluate(case: Case, hardware_slug: str, kernel_points: list[dict], workload: dict, end_to_end: dict,
+             paired: dict | None = None) -> list[dict]:
+    """Each claim's verdict. `paired`: {(variant, over, shape label, dtype): payload} of the run's paired
+    timings (`measure._pair`); a kernel-level speedup claim whose every point has one is judged on them."""
+    return [_evaluate(c, hardware_slug, kernel_points, workload, end_to_end, paired or {}) for c in case.claims]
 
 
-def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: dict) -> dict:
+def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: dict, paired: dict) -> dict:
     head = {"text": claim.text, "kind": claim.kind, "variant": claim.variant}
     if claim.hardware is not None and slug not in claim.hardware:
         return {**head, "held": None, "detail": f"not applicable on {slug} (claimed for {', '.join(claim.hardware)})"}
     if isinstance(claim, SpeedupClaim):
-        return {**head, **_speedup(claim, kernel_points, workload, e2e)}
+        return {**head, **_speedup(claim, kernel_points, workload, e2e, paired)}
     pts = _selected(kernel_points, claim.variant, claim.where)
     if not pts:
         return {**head, "held": False, "detail": "no level-1 point matches this claim"}
@@ -61,7 +64,7 @@ def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: 
     raise TypeError(f"unknown claim kind {claim.kind}")
 
 
-def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e: dict) -> dict:
+def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e: dict, paired: dict) -> dict:
     need = claim.at_least
     if claim.level == "end_to_end":
         if e2e.get("status") != "ok" or not e2e.get("measured_speedup"):
@@ -82,4 +85,16 @@ def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e
         g = weighted_geomean([s for _, s in pairs], weights)
         return {"held": g >= need, "detail": f"weighted geomean {g:.2f}x over {len(pairs)} shapes (need {need:g}x)"}
     p, s = min(pairs, key=lambda ps: ps[1])
-    return {"held": s >= need, "detail": f"worst {s:.2f}x at {_label(p)} over {len(pairs)} points (need {need:g}x)"}
+    ladder = f"worst {s:.2f}x at {_label(p)} over {len(pairs)} points"
+    runs = [paired.get((claim.variant, claim.over, shape_label(p["shape"]), p["dtype"])) for p, _ in pairs]
+    if claim.level != "kernel" or not all(r and r.get("status") == "ok" for r in runs):
+        failed = next((r for r in runs if r and r.get("status") != "ok"), None)
+        why = f"; the paired timing {failed.get('status')}: {failed.get('error', '')}" if failed else ""
+        return {"held": s >= need, "detail": f"{ladder}{why} (need {need:g}x)"}
+    (p, _), r = min(zip(pairs, runs), key=lambda pr: pr[1]["speedup"])
+    s = r["speedup"]
+    return {"held": s >= need, "paired": [{"shape": q["shape"], "dtype": q["dtype"], **run}
+                                          for (q, _), run in zip(pairs, runs)],
+            "detail": f"worst {s:.2f}x at {_label(p)}, timed in alternation with {claim.over} "
+                      f"({len(r['rounds_us'])} rounds, {r['speedup_min']:.2f}-{r['speedup_max']:.2f}x); "
+                      f"the ladder's medians: {ladder} (need {need:g}x)"}

@@ -19,7 +19,7 @@ KERNELS_PACKAGE = "casebook.kernels"
 class Task:
     """One unit of measurement: a variant at a shape and dtype (levels 1, 2) or in the scenario (level 3)."""
 
-    kind: str  # "point" | "end_to_end"
+    kind: str  # "point" | "end_to_end" | "pair"
     module: str
     variant: str
     fn: str
@@ -37,6 +37,9 @@ class Task:
     traffic: str = "traffic"
     scenario: str = ""
     scenario_inputs: str = ""
+    over: str = ""
+    over_fn: str = ""
+    """kind "pair": the variant a speedup claim is measured against, and its function."""
 
 
 def work(task: Task) -> dict:
@@ -49,6 +52,8 @@ def work(task: Task) -> dict:
     try:
         if task.kind == "end_to_end":
             return _end_to_end(task, mod)
+        if task.kind == "pair":
+            return _pair(task, mod)
         return _point(task, mod)
     except NotImplementedError as e:  # the variant's own word that it does not cover this shape
         return {"status": "skipped", "error": f"unsupported: {e}"}
@@ -127,6 +132,39 @@ def _timed(task: Task, fn, protocol, make_inputs) -> tuple:
     autotune.forget(tuners)
     timing = time_fn(call, task.device, protocol, input_sets=len(sets))
     return timing, autotune.picks(tuners), _launches(task, call), len(sets)
+
+
+PAIR_ROUNDS = 6
+"""Rounds of a paired timing: each times the claim's variant and the one it is measured against, in
+the order A B, B A, B A, A B, A B, B A, so that a drift in clocks over the rounds weighs on both alike."""
+
+
+def _pair(task: Task, mod) -> dict:
+    """A speedup claim's two variants timed in alternation on the same inputs, in one process.
+
+    The ladder times one variant at every shape, then the next: minutes apart on a GPU whose clock
+    follows its recent power draw: the ratio of the same two kernels read 0.96x and 0.93x in two runs
+    of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift (Google Benchmark's random
+    interleaving answers the same problem); each round's ratio is kept, and the claim is judged on their
+    median."""
+    import statistics
+
+    from casebook.bench import Protocol, time_fn
+
+    protocol = Protocol(**task.protocol)
+    sets = _timed_inputs(task, protocol, getattr(mod, task.inputs))
+    calls = {}
+    for role, name in (("variant", task.fn), ("over", task.over_fn)):
+        f, rotation = getattr(mod, name), itertools.cycle(sets)
+        calls[role] = lambda f=f, rotation=rotation: f(**next(rotation))
+    rounds = []
+    for r in range(PAIR_ROUNDS):
+        order = ("variant", "over") if r % 4 in (0, 3) else ("over", "variant")
+        us = {role: time_fn(calls[role], task.device, protocol).summary.median_us for role in order}
+        rounds.append([us["variant"], us["over"]])
+    ratios = sorted(over / mine for mine, over in rounds)
+    return {"status": "ok", "rounds_us": rounds, "speedup": statistics.median(ratios),
+            "speedup_min": ratios[0], "speedup_max": ratios[-1]}
 
 
 def _timed_inputs(task: Task, protocol, make_inputs) -> list[dict]:

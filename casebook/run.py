@@ -119,7 +119,44 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         outcomes[name] = list(zip(tasks, payloads))
         if checkpoint is not None and len(outcomes) < len(groups):
             checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
+
+    pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
+    if pairs:
+        progress("pairs", {"total": len(pairs)})
+
+        def paired(i, payload):
+            progress("task", {"task": pairs[i], "payload": payload})
+
+        run["pairs"] = list(zip(pairs, run_isolated(work, pairs, timeout_s=timeout_s, env=variant_env(interpreted=False),
+                                                     on_done=paired)))
     return assemble(run, protocol, groups, outcomes, complete=True)
+
+
+PAIR_TIME_CAP_S = 0.5
+"""Each of a paired check's timings stops here at the latest: 12 per shape."""
+
+
+def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> list[Task]:
+    """A paired timing (`measure._pair`) for each point of each kernel-level speedup claim that names its
+    shapes and applies here, where both variants were timed and measured ok in the ladder."""
+    ok = {(t.variant, shape_label(t.shape), t.dtype): t for pairs in outcomes.values()
+          for t, p in pairs if t.kind == "point" and t.level == "kernel" and p.get("status") == "ok"}
+    tasks, seen = [], set()
+    for claim in case.claims:
+        if (claim.kind != "speedup" or claim.level != "kernel" or claim.where.shapes is None
+                or (claim.hardware is not None and slug not in claim.hardware)):
+            continue
+        for shape in claim.where.shapes:
+            for dtype in claim.where.dtypes or case.levels.kernel.dtypes:
+                mine = ok.get((claim.variant, shape_label(shape), dtype))
+                over = ok.get((claim.over, shape_label(shape), dtype))
+                key = (claim.variant, claim.over, shape_label(shape), dtype)
+                if mine is None or over is None or mine.device != over.device or key in seen:
+                    continue
+                seen.add(key)
+                tasks.append(replace(mine, kind="pair", over=claim.over, over_fn=over.fn,
+                                     protocol={**mine.protocol, "time_cap_s": min(protocol.time_cap_s, PAIR_TIME_CAP_S)}))
+    return tasks
 
 
 def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, complete: bool) -> dict:
@@ -197,8 +234,13 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "workload_level": workload,
         "end_to_end": e2e,
         "counters": [],
-        "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e),
+        "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e, _paired(run)),
     }
+
+
+def _paired(run: dict) -> dict:
+    """{(variant, over, shape label, dtype): the paired timing's payload} of this run so far."""
+    return {(t.variant, t.over, shape_label(t.shape), t.dtype): p for t, p in run.get("pairs", [])}
 
 
 def _sources(path: Path, case) -> dict:

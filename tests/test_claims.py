@@ -6,7 +6,7 @@ import pytest
 
 from casebook.claims import evaluate
 from casebook.load import load_case
-from casebook.schema import Case
+from casebook.schema import Case, shape_label
 
 from conftest import SOFTMAX
 
@@ -154,3 +154,36 @@ def test_every_claim_is_evaluated_in_order():
     out = evaluate(case, "cpu-x", [], {"points": []}, {})
     assert [o["text"] for o in out] == [c.text for c in case.claims]
     assert all(o["held"] is None for o in out)  # the real case's claims are all for an H200
+
+
+# --- paired timings ----------------------------------------------------------------------------------
+
+
+PAIRED_CLAIM = {"kind": "speedup", "variant": "triton_online", "over": "torch_softmax", "at_least": 1.0,
+                "level": "kernel", "where": {"shapes": [LARGE], "dtypes": ["bf16"]}}
+LADDER = [pt("triton_online", LARGE, 105.0), pt("torch_softmax", LARGE, 100.0)]  # 0.95x in the ladder
+
+
+def paired_run(speedup: float, status: str = "ok") -> dict:
+    key = ("triton_online", "torch_softmax", shape_label(LARGE), "bf16")
+    if status != "ok":
+        return {key: {"status": status, "error": "RuntimeError: boom"}}
+    return {key: {"status": "ok", "rounds_us": [[100.0, 100.0 * speedup]] * 6, "speedup": speedup,
+                  "speedup_min": speedup - 0.01, "speedup_max": speedup + 0.01}}
+
+
+def test_a_claim_with_paired_timings_is_judged_on_them():
+    [o] = evaluate(case_with({"text": "t", **PAIRED_CLAIM}), SLUG, LADDER, {"points": []}, {}, paired_run(1.01))
+    assert o["held"] is True
+    assert o["detail"] == ("worst 1.01x at 4096x65536 bf16, timed in alternation with torch_softmax (6 rounds, "
+                           "1.00-1.02x); the ladder's medians: worst 0.95x at 4096x65536 bf16 over 1 points (need 1x)")
+    assert o["paired"][0]["shape"] == LARGE and o["paired"][0]["speedup"] == 1.01
+
+
+def test_without_paired_timings_the_ladder_judges():
+    assert outcome(PAIRED_CLAIM, LADDER)["held"] is False
+    [o] = evaluate(case_with({"text": "t", **PAIRED_CLAIM}), SLUG, LADDER, {"points": []}, {},
+                   paired_run(1.01, status="crashed"))
+    assert o["held"] is False and "paired" not in o
+    assert o["detail"] == ("worst 0.95x at 4096x65536 bf16 over 1 points; the paired timing crashed: "
+                           "RuntimeError: boom (need 1x)")

@@ -56,6 +56,7 @@ EXPECTED = [
 @pytest.fixture(scope="module")
 def payloads() -> list[dict]:
     tasks = [t for t, _, _ in EXPECTED]
+    tasks.append(replace(task("honest"), kind="pair", over="twice", over_fn="twice"))
     tasks.append(Task(kind="end_to_end", module="cheats", variant="honest", fn="honest", shape={"rows": 8, "cols": 50},
                       dtype="fp32", level="end_to_end", device="cpu", timed=True, seed=SEED, protocol=FAST,
                       scenario="scenario", scenario_inputs="scenario_inputs"))
@@ -106,6 +107,16 @@ def test_physics_gate_keeps_the_measurement(payloads):
     """A point refused by the gate still says what was measured, so that the byte model can be fixed."""
     p = payloads[10]
     assert p["median_us"] > 0 and p["bytes"] == 2 * 64 * 1000 * 4 * 1e6
+
+
+def test_pair_times_both_variants_in_alternation(payloads):
+    p = payloads[-2]
+    assert p["status"] == "ok", p
+    assert len(p["rounds_us"]) == 6 and all(a > 0 and b > 0 for a, b in p["rounds_us"])
+    ratios = sorted(b / a for a, b in p["rounds_us"])
+    assert p["speedup_min"] == ratios[0] and p["speedup_max"] == ratios[-1]
+    assert p["speedup"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    assert p["speedup"] > 1.2, "twice computes the softmax twice"
 
 
 def test_end_to_end(payloads):

@@ -93,6 +93,23 @@ def test_plan_checks_a_control_against_its_own_reference():
     assert {t.reference for t in groups["gluon_pingpong"]["tasks"]} == {"reference"}
 
 
+def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
+    case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
+    groups = run.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    outcomes = {n: [(t, {"status": "ok"}) for t in g["tasks"]] for n, g in groups.items()}
+    pairs = run.pair_tasks(case, "nvidia-h200", outcomes, QUICK)
+    assert {(t.variant, t.over, t.shape["k"]) for t in pairs} == {
+        ("gluon_pingpong", "addmm_gelu", 1024), ("triton_fused", "addmm_gelu", 4096),
+        ("gluon_pingpong_tanh", "addmm_gelu_tanh", 1024), ("gluon_pingpong_tanh", "addmm_activation", 1024),
+        ("gluon_pingpong", "gluon_pingpong_plain", 1024), ("gluon_pingpong_tanh", "gluon_pingpong_plain", 1024)}
+    assert all(t.kind == "pair" and t.level == "kernel" and t.dtype == "bf16" for t in pairs)
+    plain = next(t for t in pairs if t.over == "gluon_pingpong_plain")
+    assert plain.over_fn == "gluon_pingpong_plain" and plain.protocol["time_cap_s"] <= run.PAIR_TIME_CAP_S
+    assert run.pair_tasks(case, "cpu-some-thing", outcomes, QUICK) == [], "the claims name the H200"
+    outcomes["addmm_gelu"] = [(t, {"status": "crashed"}) for t, _ in outcomes["addmm_gelu"]]
+    assert len(run.pair_tasks(case, "nvidia-h200", outcomes, QUICK)) == 4, "no pair without both ladder points"
+
+
 def test_variant_env_keeps_inductor_choices_in_casebooks_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(run.hardware, "CACHE_DIR", tmp_path)
@@ -199,6 +216,7 @@ kernel:
     - {name: crashes_at_large, fn: crashes_at_large, note: "Aborts at the level-1 shape.", backends: [cpu]}
     - {name: hangs_at_large, fn: hangs_at_large, note: "Hangs at the level-1 shape.", backends: [cpu]}
     - {name: gpu_only, fn: honest, note: "Nowhere to run on a CPU.", backends: [cuda]}
+    - {name: twice, fn: twice, note: "Honest, computed twice: correct and slower.", backends: [cpu]}
 levels:
   kernel:
     shapes: [{rows: 16, cols: 32}]
@@ -222,6 +240,8 @@ claims:
   - {kind: throughput, text: "The honest kernel moves some bytes.", variant: honest, at_least_gbps: 1.0e-6}
   - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0, level: kernel}
   - {kind: regime, text: "Only on an H200.", variant: honest, regime: compute, hardware: [nvidia-h200]}
+  - {kind: speedup, text: "Once is not much slower than twice.", variant: honest, over: twice, at_least: 0.5,
+     level: kernel, where: {shapes: [{rows: 16, cols: 32}]}}
 writeup: {gap: "None.", remaining_bottleneck: "None."}
 """
 TIMEOUT_S = 10.0
@@ -299,7 +319,7 @@ def test_variant_without_a_backend_here_is_skipped(cheats_run):
     assert k["status"] == "skipped" and "no backend of ['cuda']" in k["error"] and w is None
     assert {v["name"]: v["mode"] for v in doc["variants"]} == {
         "honest": "timed", "writes_nothing": "timed", "cached_after_check": "timed", "crashes_at_large": "timed",
-        "hangs_at_large": "timed", "gpu_only": "skipped"}
+        "hangs_at_large": "timed", "gpu_only": "skipped", "twice": "timed"}
 
 
 def test_cheats_claims(cheats_run):
@@ -307,6 +327,9 @@ def test_cheats_claims(cheats_run):
     assert held["The honest kernel moves some bytes."][0] is True
     assert held["Crashing is not faster."] == (False, "not measured at 16x32 fp32")
     assert held["Only on an H200."][0] is None
+    paired = next(c for c in cheats_run[0]["claims"] if c["text"] == "Once is not much slower than twice.")
+    assert paired["held"] is True and "timed in alternation with twice (6 rounds" in paired["detail"]
+    assert [(p["shape"], len(p["rounds_us"])) for p in paired["paired"]] == [({"rows": 16, "cols": 32}, 6)]
 
 
 def test_cheats_end_to_end_and_summary(cheats_run):
@@ -322,8 +345,8 @@ def test_progress_reports_every_task(cheats_run):
     kinds = [e for e, _ in events]
     assert kinds[:2] == ["ceilings", "plan"]
     total = events[1][1]["total"]
-    assert kinds[2:] == ["task"] * total
-    assert total == 5 * 2 + 1  # five variants run here, a kernel and a workload point each; one scenario
+    assert kinds[2:] == ["task"] * total + ["pairs", "task"]  # then the one paired timing
+    assert total == 6 * 2 + 1  # six variants run here, a kernel and a workload point each; one scenario
 
 
 # --- the real case, as CI runs it ----------------------------------------------------------------------

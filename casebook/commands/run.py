@@ -41,16 +41,20 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                 bar.update(job, description=f"ceilings of {info['hardware']}")
             elif event == "plan":
                 bar.update(job, total=info["total"], completed=0, description="checking and timing")
+            elif event == "pairs":
+                bar.update(job, total=info["total"], completed=0, description="claims: paired timings")
             elif event == "task":
                 t, p = info["task"], info["payload"]
-                bar.update(job, advance=1, description=f"{t.variant} {shape_label(t.shape)} {t.dtype}")
+                name = f"{t.variant} / {t.over}" if t.kind == "pair" else t.variant
+                bar.update(job, advance=1, description=f"{name} {shape_label(t.shape)} {t.dtype}")
                 if not console.is_terminal:  # a log, line by line, where no live bar can be drawn
-                    us = f"{p['median_us']:.1f} us" if p.get("median_us") else ""
+                    us = (f"{p['median_us']:.1f} us" if p.get("median_us") else
+                          f"{p['speedup']:.3f}x paired" if p.get("speedup") else "")
                     why = f": {p.get('error', '')}" if p.get("status") in ("failed", "crashed", "timeout") else ""
-                    console.print(f"  {t.level:10s} {t.variant} {shape_label(t.shape)} {t.dtype}: {p.get('status')}"
+                    console.print(f"  {t.level:10s} {name} {shape_label(t.shape)} {t.dtype}: {p.get('status')}"
                                   f"{why} {us}", highlight=False)
                 elif p.get("status") in ("failed", "crashed", "timeout"):
-                    console.print(f"[red]{t.variant} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
+                    console.print(f"[red]{name} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
         doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress,
