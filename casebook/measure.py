@@ -143,10 +143,10 @@ def _pair(task: Task, mod) -> dict:
     """A speedup claim's two variants timed in alternation on the same inputs, in one process.
 
     The ladder times one variant at every shape, then the next: minutes apart on a GPU whose clock
-    follows its recent power draw: the ratio of the same two kernels read 0.96x and 0.93x in two runs
-    of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift (Google Benchmark's random
-    interleaving answers the same problem); each round's ratio is kept, and the claim is judged on their
-    median."""
+    follows its recent power draw. The ratio of the same two kernels read 0.96x and 0.93x in two runs
+    of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift
+    (Google Benchmark's random interleaving answers the same problem); each round's ratio is kept, and
+    the claim is judged on their median."""
     import statistics
 
     from casebook.bench import Protocol, time_fn

@@ -127,13 +127,13 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         def paired(i, payload):
             progress("task", {"task": pairs[i], "payload": payload})
 
-        run["pairs"] = list(zip(pairs, run_isolated(work, pairs, timeout_s=timeout_s, env=variant_env(interpreted=False),
-                                                     on_done=paired)))
+        payloads = run_isolated(work, pairs, timeout_s=timeout_s, env=variant_env(interpreted=False), on_done=paired)
+        run["pairs"] = list(zip(pairs, payloads))
     return assemble(run, protocol, groups, outcomes, complete=True)
 
 
 PAIR_TIME_CAP_S = 0.5
-"""Each of a paired check's timings stops here at the latest: 12 per shape."""
+"""A paired timing's each measurement stops here at the latest; a shape takes 12 of them."""
 
 
 def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> list[Task]:
@@ -154,8 +154,9 @@ def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> lis
                 if mine is None or over is None or mine.device != over.device or key in seen:
                     continue
                 seen.add(key)
+                cap = min(protocol.time_cap_s, PAIR_TIME_CAP_S)
                 tasks.append(replace(mine, kind="pair", over=claim.over, over_fn=over.fn,
-                                     protocol={**mine.protocol, "time_cap_s": min(protocol.time_cap_s, PAIR_TIME_CAP_S)}))
+                                     protocol={**mine.protocol, "time_cap_s": cap}))
     return tasks
 
 
