@@ -64,6 +64,13 @@ def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: 
     raise TypeError(f"unknown claim kind {claim.kind}")
 
 
+def _x(value: float, need: float) -> str:
+    """A speedup printed to as many decimals as its threshold has (at least two), so that a verdict
+    never reads "0.95x, need 0.9524x: held"."""
+    decimals = max(2, len(f"{need:g}".partition(".")[2]))
+    return f"{value:.{decimals}f}x"
+
+
 def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e: dict, paired: dict) -> dict:
     need = claim.at_least
     if claim.level == "end_to_end":
@@ -72,7 +79,7 @@ def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e
         if (e2e["variant"], e2e["baseline"]) != (claim.variant, claim.over):
             return {"held": False, "detail": f"the scenario compares {e2e['variant']} with {e2e['baseline']}"}
         s = e2e["measured_speedup"]
-        return {"held": s >= need, "detail": f"{s:.2f}x end to end (need {need:g}x)"}
+        return {"held": s >= need, "detail": f"{_x(s, need)} end to end (need {need:g}x)"}
     points = kernel_points if claim.level == "kernel" else workload.get("points", [])
     pairs = _speedups(points, claim.variant, claim.over, claim.where)
     if not pairs:
@@ -83,9 +90,9 @@ def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e
     if claim.statistic == "geomean":
         weights = [p.get("weight", 1.0) for p, _ in pairs]
         g = weighted_geomean([s for _, s in pairs], weights)
-        return {"held": g >= need, "detail": f"weighted geomean {g:.2f}x over {len(pairs)} shapes (need {need:g}x)"}
+        return {"held": g >= need, "detail": f"weighted geomean {_x(g, need)} over {len(pairs)} shapes (need {need:g}x)"}
     p, s = min(pairs, key=lambda ps: ps[1])
-    ladder = f"worst {s:.2f}x at {_label(p)} over {len(pairs)} points"
+    ladder = f"worst {_x(s, need)} at {_label(p)} over {len(pairs)} points"
     runs = [paired.get((claim.variant, claim.over, shape_label(p["shape"]), p["dtype"])) for p, _ in pairs]
     if claim.level != "kernel" or not all(r and r.get("status") == "ok" for r in runs):
         failed = next((r for r in runs if r and r.get("status") != "ok"), None)
@@ -95,6 +102,6 @@ def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e
     s = r["speedup"]
     return {"held": s >= need, "paired": [{"shape": q["shape"], "dtype": q["dtype"], **run}
                                           for (q, _), run in zip(pairs, runs)],
-            "detail": f"worst {s:.2f}x at {_label(p)}, timed in alternation with {claim.over} "
+            "detail": f"worst {_x(s, need)} at {_label(p)}, timed in alternation with {claim.over} "
                       f"({len(r['rounds_us'])} rounds, {r['speedup_min']:.2f}-{r['speedup_max']:.2f}x); "
                       f"the ladder's medians: {ladder} (need {need:g}x)"}

@@ -187,3 +187,11 @@ def test_without_paired_timings_the_ladder_judges():
     assert o["held"] is False and "paired" not in o
     assert o["detail"] == ("worst 0.95x at 4096x65536 bf16 over 1 points; the paired timing crashed: "
                            "RuntimeError: boom (need 1x)")
+
+
+def test_a_speedup_is_printed_as_finely_as_its_threshold():
+    claim = {**PAIRED_CLAIM, "at_least": 0.9524}
+    held = outcome(claim, [pt("triton_online", LARGE, 105.0), pt("torch_softmax", LARGE, 100.02)])
+    assert held["held"] is True and held["detail"].startswith("worst 0.9526x at")
+    failed = outcome(claim, [pt("triton_online", LARGE, 105.0), pt("torch_softmax", LARGE, 99.98)])
+    assert failed["held"] is False and failed["detail"].startswith("worst 0.9522x at")
