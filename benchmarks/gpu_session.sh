@@ -76,9 +76,11 @@ case "${1:-}" in
     run_case softmax_fusion 320 --counters ;;
   gemm-runs)  # the machine's ceilings (measured once, shared by the runs), then the three GEMM cases
     timeout 120 python3 -m casebook.cli hardware > "$out/logs/hardware.txt" 2>&1; echo "hardware: exit $?"; cat "$out/logs/hardware.txt"
-    run_case gemm_epilogue 250
-    run_case gemm_grouped 130
-    run_case gemm_tiled 200 ;;
+    # 2026-12-01f: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
+    # each, plus the compiles of a fresh process); the last case gets what is left of the 10 minutes.
+    run_case gemm_epilogue 300
+    run_case gemm_grouped 150
+    run_case gemm_tiled $((580 - SECONDS)) ;;
   checks)  # quick checks before the long runs
     timeout 75 python3 -m pytest -q -x -k "bf16 or barriers" tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
