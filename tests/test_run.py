@@ -216,7 +216,7 @@ kernel:
     - {name: crashes_at_large, fn: crashes_at_large, note: "Aborts at the level-1 shape.", backends: [cpu]}
     - {name: hangs_at_large, fn: hangs_at_large, note: "Hangs at the level-1 shape.", backends: [cpu]}
     - {name: gpu_only, fn: honest, note: "Nowhere to run on a CPU.", backends: [cuda]}
-    - {name: twice, fn: twice, note: "Honest, computed twice: correct and slower.", backends: [cpu]}
+    - {name: slower, fn: slower, note: "Honest after a 1 ms sleep: correct and slower.", backends: [cpu]}
 levels:
   kernel:
     shapes: [{rows: 16, cols: 32}]
@@ -240,7 +240,7 @@ claims:
   - {kind: throughput, text: "The honest kernel moves some bytes.", variant: honest, at_least_gbps: 1.0e-6}
   - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0, level: kernel}
   - {kind: regime, text: "Only on an H200.", variant: honest, regime: compute, hardware: [nvidia-h200]}
-  - {kind: speedup, text: "Once is not much slower than twice.", variant: honest, over: twice, at_least: 0.5,
+  - {kind: speedup, text: "Honest is faster than honest after a sleep.", variant: honest, over: slower, at_least: 1.5,
      level: kernel, where: {shapes: [{rows: 16, cols: 32}]}}
 writeup: {gap: "None.", remaining_bottleneck: "None."}
 """
@@ -319,7 +319,7 @@ def test_variant_without_a_backend_here_is_skipped(cheats_run):
     assert k["status"] == "skipped" and "no backend of ['cuda']" in k["error"] and w is None
     assert {v["name"]: v["mode"] for v in doc["variants"]} == {
         "honest": "timed", "writes_nothing": "timed", "cached_after_check": "timed", "crashes_at_large": "timed",
-        "hangs_at_large": "timed", "gpu_only": "skipped", "twice": "timed"}
+        "hangs_at_large": "timed", "gpu_only": "skipped", "slower": "timed"}
 
 
 def test_cheats_claims(cheats_run):
@@ -327,8 +327,8 @@ def test_cheats_claims(cheats_run):
     assert held["The honest kernel moves some bytes."][0] is True
     assert held["Crashing is not faster."] == (False, "not measured at 16x32 fp32")
     assert held["Only on an H200."][0] is None
-    paired = next(c for c in cheats_run[0]["claims"] if c["text"] == "Once is not much slower than twice.")
-    assert paired["held"] is True and "timed in alternation with twice (6 rounds" in paired["detail"]
+    paired = next(c for c in cheats_run[0]["claims"] if c["text"] == "Honest is faster than honest after a sleep.")
+    assert paired["held"] is True and "timed in alternation with slower (6 rounds" in paired["detail"]
     assert [(p["shape"], len(p["rounds_us"])) for p in paired["paired"]] == [({"rows": 16, "cols": 32}, 6)]
 
 
