@@ -27,9 +27,14 @@ def _speedups(points: list[dict], variant: str, over: str, where: Where) -> list
     return out
 
 
+def pair_key(variant: str, over: str, shape: dict, dtype: str) -> tuple:
+    """How a paired timing is found: the claim's variant, the one it is measured against, the point."""
+    return variant, over, shape_label(shape), dtype
+
+
 def evaluate(case: Case, hardware_slug: str, kernel_points: list[dict], workload: dict, end_to_end: dict,
              paired: dict | None = None) -> list[dict]:
-    """Each claim's verdict. `paired`: {(variant, over, shape label, dtype): payload} of the run's paired
+    """Each claim's verdict. `paired`: {pair_key(...): payload} of the run's paired
     timings (`measure._pair`); a kernel-level speedup claim whose every point has one is judged on them."""
     return [_evaluate(c, hardware_slug, kernel_points, workload, end_to_end, paired or {}) for c in case.claims]
 
@@ -93,7 +98,7 @@ def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e
         return {"held": g >= need, "detail": f"weighted geomean {_x(g, need)} over {len(pairs)} shapes (need {need:g}x)"}
     p, s = min(pairs, key=lambda ps: ps[1])
     ladder = f"worst {_x(s, need)} at {_label(p)} over {len(pairs)} points"
-    runs = [paired.get((claim.variant, claim.over, shape_label(p["shape"]), p["dtype"])) for p, _ in pairs]
+    runs = [paired.get(pair_key(claim.variant, claim.over, p["shape"], p["dtype"])) for p, _ in pairs]
     if claim.level != "kernel" or not all(r and r.get("status") == "ok" for r in runs):
         failed = next((r for r in runs if r and r.get("status") != "ok"), None)
         why = f"; the paired timing {failed.get('status')}: {failed.get('error', '')}" if failed else ""

@@ -141,6 +141,7 @@ def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> lis
     shapes and applies here, where both variants were timed and measured ok in the ladder."""
     ok = {(t.variant, shape_label(t.shape), t.dtype): t for pairs in outcomes.values()
           for t, p in pairs if t.kind == "point" and t.level == "kernel" and p.get("status") == "ok"}
+    cap = min(protocol.time_cap_s, PAIR_TIME_CAP_S)
     tasks, seen = [], set()
     for claim in case.claims:
         if (claim.kind != "speedup" or claim.level != "kernel" or claim.where.shapes is None
@@ -150,11 +151,10 @@ def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> lis
             for dtype in claim.where.dtypes or case.levels.kernel.dtypes:
                 mine = ok.get((claim.variant, shape_label(shape), dtype))
                 over = ok.get((claim.over, shape_label(shape), dtype))
-                key = (claim.variant, claim.over, shape_label(shape), dtype)
+                key = claims_mod.pair_key(claim.variant, claim.over, shape, dtype)
                 if mine is None or over is None or mine.device != over.device or key in seen:
                     continue
                 seen.add(key)
-                cap = min(protocol.time_cap_s, PAIR_TIME_CAP_S)
                 tasks.append(replace(mine, kind="pair", over=claim.over, over_fn=over.fn,
                                      protocol={**mine.protocol, "time_cap_s": cap}))
     return tasks
@@ -240,8 +240,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
 
 
 def _paired(run: dict) -> dict:
-    """{(variant, over, shape label, dtype): the paired timing's payload} of this run so far."""
-    return {(t.variant, t.over, shape_label(t.shape), t.dtype): p for t, p in run.get("pairs", [])}
+    """{claims.pair_key(...): the paired timing's payload} of this run so far."""
+    return {claims_mod.pair_key(t.variant, t.over, t.shape, t.dtype): p for t, p in run.get("pairs", [])}
 
 
 def _sources(path: Path, case) -> dict:
