@@ -25,3 +25,18 @@ of erfc at most 1.7e-4; of GELU in fp32, 1.8e-4: a 22nd of a bf16 ulp, but a thi
 the kernels use it only when they round to bf16."""
 LOG2E = 1.4426950408889634
 RSQRT2 = 0.7071067811865476
+
+
+def _folded(fit: tuple[float, ...]) -> tuple[float, ...]:
+    """P's coefficients for the kernels' base-2 exponential: log2(e) folded in, and the 1/2 of
+    |x| erfc / 2 folded into the constant term as -1 (2^-1)."""
+    return tuple(c * LOG2E - (i == 0) for i, c in enumerate(fit))
+
+
+# What the kernels use, each module wrapping them in its dialect's constexpr: GELU(x) = max(x, 0) -
+# |x| t 2^(EXP2_FIT(t) - HALF_LOG2E x^2), t = 1 / (1 + T_RSQRT2 |x|).
+EXP2_FIT = _folded(ERFC_FIT)
+EXP2_FIT_BF16 = _folded(ERFC_FIT_BF16)
+T_RSQRT2 = T_SCALE * RSQRT2  # z = |x| / sqrt 2, so T_SCALE z = T_RSQRT2 |x|
+T_RSQRT2_BF16 = T_SCALE_BF16 * RSQRT2
+HALF_LOG2E = 0.5 * LOG2E  # z^2 = x^2 / 2, in base 2

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from casebook.kernels.gelu_fit import ERFC_FIT, ERFC_FIT_BF16, LOG2E, RSQRT2, T_SCALE, T_SCALE_BF16
+from casebook.kernels import gelu_fit
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -176,13 +176,12 @@ def _rcp(u):
     return 1.0 / u
 
 
-# The exact GELU's erfc, fitted for few instructions (gelu_fit says why), log2(e) and the 1/2 of
-# |x| erfc / 2 folded into its coefficients.
-_E0, _E1, _E2, _E3, _E4 = (tl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
-_F0, _F1, _F2, _F3 = (tl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT_BF16))
-HALF_LOG2E = tl.constexpr(0.5 * LOG2E)
-T_RSQRT2 = tl.constexpr(T_SCALE * RSQRT2)
-T_RSQRT2_BF16 = tl.constexpr(T_SCALE_BF16 * RSQRT2)
+# The exact GELU's erfc, fitted for few instructions (gelu_fit says why and folds the coefficients).
+_E0, _E1, _E2, _E3, _E4 = (tl.constexpr(c) for c in gelu_fit.EXP2_FIT)
+_F0, _F1, _F2, _F3 = (tl.constexpr(c) for c in gelu_fit.EXP2_FIT_BF16)
+HALF_LOG2E = tl.constexpr(gelu_fit.HALF_LOG2E)
+T_RSQRT2 = tl.constexpr(gelu_fit.T_RSQRT2)
+T_RSQRT2_BF16 = tl.constexpr(gelu_fit.T_RSQRT2_BF16)
 
 
 @triton.jit

@@ -152,27 +152,27 @@ def triton_fused_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> t
     return gemm_common.matmul(a, b, bias=bias, gelu="tanh", schedule="tma_persistent")
 
 
-def gluon_pingpong(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Hopper only: two consumer warpgroups alternate tiles, so one's bias + GELU runs under the other's
-    main loop (gemm_pingpong; the same fitted erfc as the Triton kernels).
-    Imported here, so a Triton without Gluon fails these variants alone."""
+def _pingpong(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, gelu: str) -> torch.Tensor:
+    """Imported here, so a Triton without Gluon fails the ping-pong variants alone."""
     from casebook.kernels import gemm_pingpong
 
-    return gemm_pingpong.matmul(a, b, bias, gelu="erf")
+    return gemm_pingpong.matmul(a, b, bias, gelu=gelu)
+
+
+def gluon_pingpong(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Hopper only: two consumer warpgroups alternate tiles, so one's bias + GELU runs under the other's
+    main loop (gemm_pingpong; the same fitted erfc as the Triton kernels)."""
+    return _pingpong(a, b, bias, "erf")
 
 
 def gluon_pingpong_tanh(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gluon_pingpong with the tanh form."""
-    from casebook.kernels import gemm_pingpong
-
-    return gemm_pingpong.matmul(a, b, bias, gelu="tanh")
+    return _pingpong(a, b, bias, "tanh")
 
 
 def gluon_pingpong_plain(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """A control: gluon_pingpong with the bias and no GELU, timed beside it to price the GELU."""
-    from casebook.kernels import gemm_pingpong
-
-    return gemm_pingpong.matmul(a, b, bias, gelu="none")
+    return _pingpong(a, b, bias, "none")
 
 
 def triton_plain(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

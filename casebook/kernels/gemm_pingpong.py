@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from casebook.kernels.gelu_fit import ERFC_FIT, ERFC_FIT_BF16, LOG2E, RSQRT2, T_SCALE, T_SCALE_BF16
+from casebook.kernels import gelu_fit
 
 # Triton 3.6 names these async_copy_global_to_shared / async_copy_shared_to_global; later releases
 # async_load / async_store, and the old store name raises.
@@ -69,11 +69,11 @@ def _tanh(x):
 
 
 # The exact GELU's erfc fit, shared with the Triton kernels (gelu_fit says why it is short).
-_P0, _P1, _P2, _P3, _P4 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT))
-_HALF_LOG2E = gl.constexpr(0.5 * LOG2E)
-_T_RSQRT2 = gl.constexpr(T_SCALE * RSQRT2)
-_Q0, _Q1, _Q2, _Q3 = (gl.constexpr(c * LOG2E - (i == 0)) for i, c in enumerate(ERFC_FIT_BF16))
-_T_RSQRT2_BF16 = gl.constexpr(T_SCALE_BF16 * RSQRT2)
+_P0, _P1, _P2, _P3, _P4 = (gl.constexpr(c) for c in gelu_fit.EXP2_FIT)
+_HALF_LOG2E = gl.constexpr(gelu_fit.HALF_LOG2E)
+_T_RSQRT2 = gl.constexpr(gelu_fit.T_RSQRT2)
+_Q0, _Q1, _Q2, _Q3 = (gl.constexpr(c) for c in gelu_fit.EXP2_FIT_BF16)
+_T_RSQRT2_BF16 = gl.constexpr(gelu_fit.T_RSQRT2_BF16)
 
 
 @gluon.jit
