@@ -1,0 +1,314 @@
+"""Device exploration (not a casebook run): softmax rows of 32K-256K columns split over a thread-block
+cluster, the (max, sum) exchanged through distributed shared memory. Issue 4's 64K and 256K bars.
+
+What the case found (cases/softmax_fusion.yaml): `triton_online` splits a long row over programs of 8K
+columns that hold their chunk in registers and meet at a per-row barrier in global memory (an atomic
+arrive, polling loads). One read and one write, yet 3.13 TB/s at 4096 x 65536 and 2.85 at 1024 x 262144
+bf16, against a 4.15 TB/s copy. Triton 3.6 cannot launch clusters for this (a `num_ctas=2` row
+reduction fails in make_ttgir) and Gluon has no cluster barrier, so this is CUDA C++, compiled at run
+time by NVRTC through cuda.core (both on the H200 image).
+
+The kernel: a cluster of C CTAs per row (C <= 8, the portable size, or 16 where the driver allows), each CTA T threads, each thread V
+16-byte vectors of its CTA's chunk, loaded at once and held in registers as fp32. Each thread reduces its (max, sum of 2^(x log2 e -
+max)), then the warp by shuffles, then the CTA through shared memory; warp 0 reads the C CTAs' pairs
+from their shared memory (mapa + ld.shared::cluster) between two cluster barriers, and every thread
+writes 2^(x log2 e - M) / S. The second barrier's wait sits at the very end, so no CTA leaves while
+another may still read its pair.
+
+What differs from triton_online: the barrier (hardware, one arrive and one wait, the CTAs of a cluster
+co-scheduled by guarantee) instead of an atomic and polling through L2; and hand-placed loads.
+
+Prediction, written before any run: at 4096 x 65536 bf16 the best configuration reaches 3.7 TB/s or
+more (triton_online 3.13), at 1024 x 262144 3.5 or more (2.85), at 4096 x 32768 3.7 or more (3.47).
+If it stays near triton_online's rates instead, the barrier was not what held the split kernel back, and
+the load-free phases of each CTA's life (reductions, the exchange, the store's drain) are.
+
+Run on the device from the repository root:  python3 benchmarks/explore/cluster_softmax.py --check
+                                             python3 benchmarks/explore/cluster_softmax.py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import sys
+
+SRC = r"""
+#define LOG2E 1.4426950408889634f
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float ex2(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+__device__ __forceinline__ unsigned cluster_id() {
+  unsigned r; asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r)); return r;
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float2 ld_remote(const float2* p, unsigned rank) {
+  unsigned local, remote; float2 v;
+  asm volatile("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(local) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void st_stream(uint4* p, uint4 v) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// DT: 0 fp32, 1 bf16, 2 fp16. Element k of a 16-byte vector, times log2(e).
+template <int DT> __device__ __forceinline__ void unpack(uint4 r, float* f) {
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (DT == 0) {
+      f[k] = __uint_as_float(w[k]) * LOG2E;
+    } else if constexpr (DT == 1) {
+      f[2 * k] = __uint_as_float(w[k] << 16) * LOG2E;
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u) * LOG2E;
+    } else {
+      float a, b;
+      asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+          : "=f"(a), "=f"(b) : "r"(w[k]));
+      f[2 * k] = a * LOG2E;
+      f[2 * k + 1] = b * LOG2E;
+    }
+  }
+}
+template <int DT> __device__ __forceinline__ uint4 pack(const float* f) {
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (DT == 0) {
+      w[k] = __float_as_uint(f[k]);
+    } else if constexpr (DT == 1) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+    } else {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// (m, s): s = sum of 2^(v - m). Merging two, with -inf for "nothing yet".
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  const float M = fmaxf(m, m2);
+  s = M == -INFINITY ? 0.f : s * ex2(m - M) + s2 * ex2(m2 - M);
+  m = M;
+}
+__device__ __forceinline__ void warp_merge(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+// One row per cluster of C CTAs; row_vecs 16-byte vectors per row, chunk_vecs per CTA (<= T * V).
+template <int DT, int C, int T, int V>
+__global__ void __launch_bounds__(T) softmax_cluster(const uint4* __restrict__ x, uint4* __restrict__ y,
+                                                     int row_vecs, int chunk_vecs) {
+  constexpr int EPV = DT == 0 ? 4 : 8;
+  __shared__ float2 red[T / 32];
+  __shared__ float2 stat;
+  __shared__ float2 total;
+  const unsigned rank = cluster_rank();
+  const long long base = (long long)cluster_id() * row_vecs;
+  const int first = rank * chunk_vecs;
+  const int stop = min(first + chunk_vecs, row_vecs);
+
+  uint4 raw[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int j = first + threadIdx.x + i * T;
+    raw[i] = j < stop ? ld_stream(x + base + j) : make_uint4(0, 0, 0, 0);
+  }
+  float m = -INFINITY, s = 0.f;
+  float v[V * EPV];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float f[EPV];
+    unpack<DT>(raw[i], f);
+    const bool ok = first + (int)threadIdx.x + i * T < stop;
+#pragma unroll
+    for (int k = 0; k < EPV; ++k) {
+      if (!ok) f[k] = -INFINITY;
+      v[i * EPV + k] = f[k];
+      m = fmaxf(m, f[k]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const bool ok = first + (int)threadIdx.x + i * T < stop;
+#pragma unroll
+    for (int k = 0; k < EPV; ++k) s += ok ? ex2(v[i * EPV + k] - m) : 0.f;
+  }
+  if (m == -INFINITY) s = 0.f;
+  warp_merge(m, s);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = make_float2(m, s);
+  __syncthreads();
+  if (warp == 0) {
+    float2 p = lane < T / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    warp_merge(p.x, p.y);
+    if (lane == 0) stat = p;
+  }
+  cluster_arrive_release();
+  cluster_wait();
+  if (warp == 0) {
+    float2 p = lane < C ? ld_remote(&stat, lane) : make_float2(-INFINITY, 0.f);
+    warp_merge(p.x, p.y);
+    if (lane == 0) total = p;
+  }
+  __syncthreads();
+  cluster_arrive_relaxed();  // this CTA has read the others' pairs
+  const float M = total.x, inv = 1.f / total.y;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int j = first + threadIdx.x + i * T;
+    if (j < stop) {
+      float f[EPV];
+#pragma unroll
+      for (int k = 0; k < EPV; ++k) f[k] = ex2(v[i * EPV + k] - M) * inv;
+      st_stream(y + base + j, pack<DT>(f));
+    }
+  }
+  cluster_wait();  // no CTA leaves while another may still read its pair
+}
+"""
+
+DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
+def configs(cols: int, dt: str):
+    """(C, T, V) that cover a row exactly: C * T * V vectors, at most 64 values per thread, and no
+    spills (ptxas for sm_90a: 1024 threads of 8 vectors spill; 512 of 8 take 128 registers)."""
+    epv = 4 if dt == "fp32" else 8
+    vecs = cols // epv
+    for c, t, v in itertools.product((2, 4, 8, 16), (256, 512, 1024), (1, 2, 4, 8)):
+        if c * t * v == vecs and v * epv <= 64 and t * v <= 4096:
+            yield c, t, v
+
+
+def name(dt: str, c: int, t: int, v: int) -> str:
+    return f"softmax_cluster<{DTYPES[dt]}, {c}, {t}, {v}>"
+
+
+class _Kernels:
+    """Every instantiation the run needs, compiled by NVRTC in one program."""
+
+    def __init__(self, names: list[str]):
+        from cuda.core import Device, Program, ProgramOptions
+
+        self.device = Device()
+        self.device.set_current()
+        arch = "sm_" + "".join(str(i) for i in self.device.compute_capability) + "a"
+        prog = Program(SRC, "c++", ProgramOptions(arch=arch, use_fast_math=True, std="c++17"))
+        mod = prog.compile("cubin", name_expressions=tuple(names))
+        self.kernels = {n: mod.get_kernel(n) for n in names}
+        for n, k in self.kernels.items():
+            if ", 16, " in n:  # 16 CTAs is past the portable cluster size: the kernel must opt in
+                from cuda.bindings import driver
+
+                attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+                print(n, "non-portable cluster size:", driver.cuKernelSetAttribute(attr, 1, k.handle,
+                                                                                  self.device.device_id))
+
+
+class _TorchStream:
+    def __cuda_stream__(self):
+        import torch
+
+        return (0, torch.cuda.current_stream().cuda_stream)
+
+
+def softmax(ks: _Kernels, x, cfg, out):
+    from cuda.core import LaunchConfig, launch
+
+    c, t, v = cfg
+    dt = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(x.dtype)]
+    epv = 16 // x.element_size()
+    rows, cols = x.shape
+    row_vecs = cols // epv
+    chunk = -(-row_vecs // c)
+    assert chunk <= t * v and cols % epv == 0 and x.is_contiguous()
+    launch(_TorchStream(), LaunchConfig(grid=rows, cluster=c, block=t), ks.kernels[name(dt, c, t, v)],
+           ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()), ctypes.c_int(row_vecs),
+           ctypes.c_int(chunk))
+    return out
+
+
+CHECKS = [(1, 32768, "bf16", (2, 256, 8)), (37, 65536, "bf16", (8, 256, 4)), (199, 32768, "fp16", (4, 512, 2)),
+          (3, 65536, "fp32", (8, 512, 4)), (5, 32000, "bf16", (4, 256, 4)), (64, 262144, "bf16", (8, 1024, 4))]
+
+
+def check(ks: _Kernels) -> bool:
+    import torch
+
+    ok = True
+    for rows, cols, dt, cfg in CHECKS:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        x = (torch.randn(rows, cols, device="cuda") * 4).to(dtype)
+        ref = torch.softmax(x.double(), -1)
+        y = torch.full_like(x, float("nan"))
+        softmax(ks, x, cfg, out=y)
+        torch.cuda.synchronize()
+        err = ((y.double() - ref).abs() / ref.abs().clamp_min(1e-30)).max().item()
+        tol = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}[dt]
+        good = bool(torch.isfinite(y).all()) and err < tol
+        ok &= good
+        print(f"check {rows}x{cols} {dt} {cfg}: max rel err {err:.2e} {'ok' if good else 'WRONG'}", flush=True)
+    return ok
+
+
+SHAPES = [(4096, 32768), (4096, 65536), (2048, 131072), (1024, 262144)]
+
+
+def main(check_only: bool) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    names = sorted({name(dt, *cfg) for _, _, dt, cfg in CHECKS}
+                   | {name("bf16", *cfg) for _, cols in SHAPES for cfg in configs(cols, "bf16")})
+    ks = _Kernels(names)
+    for n, k in ks.kernels.items():
+        a = k.attributes
+        print(f"{n}: {a.num_regs} registers, {a.local_size_bytes} B local", flush=True)
+    if not check(ks) or check_only:
+        return
+    from casebook.bench import Protocol, time_fn
+    from casebook.kernels import softmax_fusion as sf
+
+    for rows, cols in SHAPES:
+        x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+        y = torch.empty_like(x)
+        nbytes = 2 * x.numel() * 2
+        runs = {"copy": lambda: y.copy_(x), "triton_online": lambda: sf.triton_online(x)}
+        for cfg in configs(cols, "bf16"):
+            runs[f"cluster C={cfg[0]} T={cfg[1]} V={cfg[2]}"] = \
+                lambda cfg=cfg: softmax(ks, x, cfg, out=y)
+        for label, fn in runs.items():
+            try:
+                s = time_fn(fn, "cuda", Protocol()).summary
+            except Exception as e:  # a configuration the driver refuses (cluster size) is reported, not fatal
+                print(f"{rows}x{cols} {label:32s} failed: {type(e).__name__}: {e}", flush=True)
+                continue
+            print(f"{rows}x{cols} {label:32s} {s.median_us:8.1f} us  {nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main("--check" in sys.argv))
