@@ -29,9 +29,10 @@ Run on the device from the repository root:  python3 benchmarks/explore/cluster_
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import sys
+
+import numpy as np
 
 SRC = r"""
 #define LOG2E 1.4426950408889634f
@@ -247,8 +248,7 @@ def softmax(ks: _Kernels, x, cfg, out):
     chunk = -(-row_vecs // c)
     assert chunk <= t * v and cols % epv == 0 and x.is_contiguous()
     launch(_TorchStream(), LaunchConfig(grid=rows, cluster=c, block=t), ks.kernels[name(dt, c, t, v)],
-           ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(out.data_ptr()), ctypes.c_int(row_vecs),
-           ctypes.c_int(chunk))
+           np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(row_vecs), np.int32(chunk))
     return out
 
 
