@@ -23,6 +23,22 @@ more (triton_online 3.13), at 1024 x 262144 3.5 or more (2.85), at 4096 x 32768 
 If it stays near triton_online's rates instead, the barrier was not what held the split kernel back, and
 the load-free phases of each CTA's life (reductions, the exchange, the store's drain) are.
 
+First H200 run (notes/h200-2026-12-01g/cluster_softmax.txt): correct (fp32, bf16, fp16), and the
+prediction failed. Best of 8-10 configurations, TB/s, triton_online in the same process in brackets:
+32K 2.94 (3.45), 64K 2.97 (3.13), 128K 2.82 (3.00), 256K 2.76 (2.87); copy 4.15-4.20. Every shape's
+best holds 4 vectors (64 B) per thread, in CTAs of 512-1024 threads; 8 vectors take 128 registers
+and halve the rate, 1-2 vectors keep too few bytes in flight; the cluster size barely matters (64K:
+C=2 2.97, C=4 2.87, C=8 2.82). So the barrier was not what held triton_online back: a CTA that loads
+its chunk, then reduces, exchanges and stores keeps at most ~64 KB per SM in flight, and only while
+it loads.
+
+Second version, `softmax_bulk`: each CTA's chunk (32 or 64 KB) lands in shared memory by bulk copies
+(cp.async.bulk, the TMA's 1-D form), issued at once by one thread in 8-16 KB pieces, each with its
+mbarrier; the threads reduce each piece as it lands (online max and sum), exchange over the cluster
+as before, and write from shared memory. No registers are held while the bytes are in flight, so
+three 64 KB CTAs (or six 32 KB ones) per SM keep up to ~192 KB in flight.
+Prediction, written before its run: 3.7 TB/s or more at 32K-256K bf16 for the best configuration.
+
 Run on the device from the repository root:  python3 benchmarks/explore/cluster_softmax.py --check
                                              python3 benchmarks/explore/cluster_softmax.py
 """
@@ -119,14 +135,40 @@ __device__ __forceinline__ void warp_merge(float& m, float& s) {
   for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
+
+// The row's (max, sum) from each thread's: warp shuffles, the CTA through shared memory, then the
+// cluster: warp 0 reads every CTA's pair from its shared memory between two cluster barriers. The
+// caller's last act must be cluster_wait(), so that no CTA leaves while another may read its pair.
+template <int C, int T> __device__ __forceinline__ float2 row_total(float m, float s) {
+  __shared__ float2 red[T / 32];
+  __shared__ float2 stat;
+  __shared__ float2 total;
+  warp_merge(m, s);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = make_float2(m, s);
+  __syncthreads();
+  if (warp == 0) {
+    float2 p = lane < T / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    warp_merge(p.x, p.y);
+    if (lane == 0) stat = p;
+  }
+  cluster_arrive_release();
+  cluster_wait();
+  if (warp == 0) {
+    float2 p = lane < C ? ld_remote(&stat, lane) : make_float2(-INFINITY, 0.f);
+    warp_merge(p.x, p.y);
+    if (lane == 0) total = p;
+  }
+  __syncthreads();
+  cluster_arrive_relaxed();  // this CTA has read the others' pairs
+  return total;
+}
+
 // One row per cluster of C CTAs; row_vecs 16-byte vectors per row, chunk_vecs per CTA (<= T * V).
 template <int DT, int C, int T, int V>
 __global__ void __launch_bounds__(T) softmax_cluster(const uint4* __restrict__ x, uint4* __restrict__ y,
                                                      int row_vecs, int chunk_vecs) {
   constexpr int EPV = DT == 0 ? 4 : 8;
-  __shared__ float2 red[T / 32];
-  __shared__ float2 stat;
-  __shared__ float2 total;
   const unsigned rank = cluster_rank();
   const long long base = (long long)cluster_id() * row_vecs;
   const int first = rank * chunk_vecs;
@@ -159,25 +201,8 @@ __global__ void __launch_bounds__(T) softmax_cluster(const uint4* __restrict__ x
     for (int k = 0; k < EPV; ++k) s += ok ? ex2(v[i * EPV + k] - m) : 0.f;
   }
   if (m == -INFINITY) s = 0.f;
-  warp_merge(m, s);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) red[warp] = make_float2(m, s);
-  __syncthreads();
-  if (warp == 0) {
-    float2 p = lane < T / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
-    warp_merge(p.x, p.y);
-    if (lane == 0) stat = p;
-  }
-  cluster_arrive_release();
-  cluster_wait();
-  if (warp == 0) {
-    float2 p = lane < C ? ld_remote(&stat, lane) : make_float2(-INFINITY, 0.f);
-    warp_merge(p.x, p.y);
-    if (lane == 0) total = p;
-  }
-  __syncthreads();
-  cluster_arrive_relaxed();  // this CTA has read the others' pairs
-  const float M = total.x, inv = 1.f / total.y;
+  const float2 tot = row_total<C, T>(m, s);
+  const float M = tot.x, inv = 1.f / tot.y;
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int j = first + threadIdx.x + i * T;
@@ -190,23 +215,93 @@ __global__ void __launch_bounds__(T) softmax_cluster(const uint4* __restrict__ x
   }
   cluster_wait();  // no CTA leaves while another may still read its pair
 }
+
+__device__ __forceinline__ unsigned smem(const void* p) {
+  unsigned a;
+  asm("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(p));
+  return a;
+}
+
+// The same row split, but each CTA's chunk is copied into shared memory by bulk copies (the TMA's
+// 1-D form: one instruction per piece, no registers held while in flight), PIECES pieces of T * VP
+// vectors, each with its mbarrier, so the reduction starts on the first piece while the rest land.
+template <int DT, int C, int T, int VP, int PIECES>
+__global__ void __launch_bounds__(T) softmax_bulk(const uint4* __restrict__ x, uint4* __restrict__ y, int row_vecs) {
+  constexpr int EPV = DT == 0 ? 4 : 8;
+  constexpr int PV = T * VP;  // vectors per piece
+  extern __shared__ __align__(128) uint4 buf[];
+  __shared__ __align__(8) unsigned long long bars[PIECES];
+  const long long base = (long long)cluster_id() * row_vecs + (long long)cluster_rank() * PIECES * PV;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < PIECES; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem(&bars[k])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#pragma unroll
+    for (int k = 0; k < PIECES; ++k) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem(&bars[k])), "r"(PV * 16) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   :: "r"(smem(&buf[k * PV])), "l"(x + base + k * PV), "r"(PV * 16), "r"(smem(&bars[k])) : "memory");
+    }
+  }
+  __syncthreads();
+  float m = -INFINITY, s = 0.f;
+#pragma unroll 1
+  for (int k = 0; k < PIECES; ++k) {
+    unsigned done;
+    do {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done) : "r"(smem(&bars[k])) : "memory");
+    } while (!done);
+#pragma unroll
+    for (int i = 0; i < VP; ++i) {
+      float f[EPV];
+      unpack<DT>(buf[k * PV + threadIdx.x + i * T], f);
+      float mv = f[0];
+#pragma unroll
+      for (int e = 1; e < EPV; ++e) mv = fmaxf(mv, f[e]);
+      if (mv > m) { s *= ex2(m - mv); m = mv; }
+#pragma unroll
+      for (int e = 0; e < EPV; ++e) s += ex2(f[e] - m);
+    }
+  }
+  const float2 tot = row_total<C, T>(m, s);
+  const float M = tot.x, inv = 1.f / tot.y;
+#pragma unroll 2
+  for (int j = threadIdx.x; j < PIECES * PV; j += T) {
+    float f[EPV];
+    unpack<DT>(buf[j], f);
+#pragma unroll
+    for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - M) * inv;
+    st_stream(y + base + j, pack<DT>(f));
+  }
+  cluster_wait();
+}
 """
 
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
 def configs(cols: int, dt: str):
-    """(C, T, V) that cover a row exactly: C * T * V vectors, at most 64 values per thread, and no
-    spills (ptxas for sm_90a: 1024 threads of 8 vectors spill; 512 of 8 take 128 registers)."""
+    """Register kernels ("reg", C, T, V) that cover a row exactly: C * T * V vectors, at most 64 values
+    per thread, and no spills (ptxas for sm_90a: 1024 threads of 8 vectors spill; 512 of 8 take 128
+    registers). Bulk kernels ("bulk", C, T, VP, PIECES) with 32 or 64 KB of the row per CTA."""
     epv = 4 if dt == "fp32" else 8
     vecs = cols // epv
     for c, t, v in itertools.product((2, 4, 8, 16), (256, 512, 1024), (1, 2, 4, 8)):
         if c * t * v == vecs and v * epv <= 64 and t * v <= 4096:
-            yield c, t, v
+            yield "reg", c, t, v
+    for c, (t, vp) in itertools.product((1, 2, 4, 8, 16), ((256, 2), (512, 1), (512, 2))):
+        if vecs // c in (2048, 4096) and vecs % c == 0:
+            yield "bulk", c, t, vp, vecs // c // (t * vp)
 
 
-def name(dt: str, c: int, t: int, v: int) -> str:
-    return f"softmax_cluster<{DTYPES[dt]}, {c}, {t}, {v}>"
+def name(dt: str, cfg: tuple) -> str:
+    kind, *params = cfg
+    return f"softmax_{'cluster' if kind == 'reg' else 'bulk'}<{', '.join(map(str, [DTYPES[dt], *params]))}>"
+
+
+def shmem(cfg: tuple) -> int:
+    return cfg[2] * cfg[3] * cfg[4] * 16 if cfg[0] == "bulk" else 0
 
 
 class _Kernels:
@@ -221,13 +316,17 @@ class _Kernels:
         prog = Program(SRC, "c++", ProgramOptions(arch=arch, use_fast_math=True, std="c++17"))
         mod = prog.compile("cubin", name_expressions=tuple(names))
         self.kernels = {n: mod.get_kernel(n) for n in names}
+        from cuda.bindings import driver
+
+        attrs = driver.CUfunction_attribute
         for n, k in self.kernels.items():
             if ", 16, " in n:  # 16 CTAs is past the portable cluster size: the kernel must opt in
-                from cuda.bindings import driver
-
-                attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-                print(n, "non-portable cluster size:", driver.cuKernelSetAttribute(attr, 1, k.handle,
-                                                                                  self.device.device_id))
+                print(n, "non-portable cluster size:", driver.cuKernelSetAttribute(
+                    attrs.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, k.handle, self.device.device_id))
+            if n.startswith("softmax_bulk"):  # 64 KB of dynamic shared memory is past the default 48
+                print(n, "shared memory:", driver.cuKernelSetAttribute(
+                    attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 128 * 1024, k.handle,
+                    self.device.device_id))
 
 
 class _TorchStream:
@@ -240,20 +339,29 @@ class _TorchStream:
 def softmax(ks: _Kernels, x, cfg, out):
     from cuda.core import LaunchConfig, launch
 
-    c, t, v = cfg
     dt = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(x.dtype)]
-    epv = 16 // x.element_size()
     rows, cols = x.shape
-    row_vecs = cols // epv
-    chunk = -(-row_vecs // c)
-    assert chunk <= t * v and cols % epv == 0 and x.is_contiguous()
-    launch(_TorchStream(), LaunchConfig(grid=rows, cluster=c, block=t), ks.kernels[name(dt, c, t, v)],
-           np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), np.int32(row_vecs), np.int32(chunk))
+    row_vecs = cols // (16 // x.element_size())
+    c, t = cfg[1], cfg[2]
+    assert cols % (16 // x.element_size()) == 0 and x.is_contiguous()
+    if cfg[0] == "reg":
+        chunk = -(-row_vecs // c)
+        assert chunk <= t * cfg[3]
+        args = (np.int32(row_vecs), np.int32(chunk))
+    else:
+        assert row_vecs == c * t * cfg[3] * cfg[4]
+        args = (np.int32(row_vecs),)
+    launch(_TorchStream(), LaunchConfig(grid=rows, cluster=c, block=t, shmem_size=shmem(cfg)),
+           ks.kernels[name(dt, cfg)], np.uint64(x.data_ptr()), np.uint64(out.data_ptr()), *args)
     return out
 
 
-CHECKS = [(1, 32768, "bf16", (2, 256, 8)), (37, 65536, "bf16", (8, 256, 4)), (199, 32768, "fp16", (4, 512, 2)),
-          (3, 65536, "fp32", (8, 512, 4)), (5, 32000, "bf16", (4, 256, 4)), (64, 262144, "bf16", (8, 1024, 4))]
+CHECKS = [(1, 32768, "bf16", ("reg", 2, 256, 8)), (37, 65536, "bf16", ("reg", 8, 256, 4)),
+          (199, 32768, "fp16", ("reg", 4, 512, 2)), (3, 65536, "fp32", ("reg", 8, 512, 4)),
+          (5, 32000, "bf16", ("reg", 4, 256, 4)), (64, 262144, "bf16", ("reg", 8, 1024, 4)),
+          (1, 32768, "bf16", ("bulk", 1, 256, 2, 8)), (37, 65536, "bf16", ("bulk", 2, 512, 1, 8)),
+          (199, 32768, "fp16", ("bulk", 2, 512, 2, 2)), (3, 65536, "fp32", ("bulk", 4, 256, 2, 8)),
+          (64, 262144, "bf16", ("bulk", 16, 512, 2, 2))]
 
 
 def check(ks: _Kernels) -> bool:
@@ -283,8 +391,8 @@ def main(check_only: bool) -> None:
     import torch
 
     torch.manual_seed(0)
-    names = sorted({name(dt, *cfg) for _, _, dt, cfg in CHECKS}
-                   | {name("bf16", *cfg) for _, cols in SHAPES for cfg in configs(cols, "bf16")})
+    names = sorted({name(dt, cfg) for _, _, dt, cfg in CHECKS}
+                   | {name("bf16", cfg) for _, cols in SHAPES for cfg in configs(cols, "bf16")})
     ks = _Kernels(names)
     for n, k in ks.kernels.items():
         a = k.attributes
@@ -300,8 +408,8 @@ def main(check_only: bool) -> None:
         nbytes = 2 * x.numel() * 2
         runs = {"copy": lambda: y.copy_(x), "triton_online": lambda: sf.triton_online(x)}
         for cfg in configs(cols, "bf16"):
-            runs[f"cluster C={cfg[0]} T={cfg[1]} V={cfg[2]}"] = \
-                lambda cfg=cfg: softmax(ks, x, cfg, out=y)
+            if cfg[0] == "bulk" or (cfg[3] == 4 and cfg[2] >= 512):  # the register kernel's best (call 2)
+                runs[" ".join(map(str, cfg))] = lambda cfg=cfg: softmax(ks, x, cfg, out=y)
         for label, fn in runs.items():
             try:
                 s = time_fn(fn, "cuda", Protocol()).summary
