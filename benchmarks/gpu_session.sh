@@ -74,6 +74,10 @@ case "${1:-}" in
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   softmax-run)  # the result to commit alone (with counters)
     run_case softmax_fusion 320 --counters ;;
+  softmax-cluster)  # every GPU-only softmax test (cluster_bulk's CUDA kernel too), then the committed run
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case softmax_fusion $((570 - SECONDS)) --counters ;;
   gemm-runs)  # the machine's ceilings (measured once, shared by the runs), then the three GEMM cases
     timeout 120 python3 -m casebook.cli hardware > "$out/logs/hardware.txt" 2>&1; echo "hardware: exit $?"; cat "$out/logs/hardware.txt"
     # 2026-12-01f: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
@@ -117,7 +121,7 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

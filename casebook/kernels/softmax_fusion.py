@@ -14,6 +14,9 @@ The ladder:
                    a row's reductions); beyond, each row split into chunks, one program per chunk
                    holding it in registers, the chunks' (max, sum) exchanged through a per-row barrier
                    and each program normalising its chunk in place: still one read, one write
+  cluster_bulk     Hopper, CUDA C++ (softmax_cluster): rows over 32 KB split over a thread-block
+                   cluster, each chunk landed in shared memory by bulk copies, so a CTA holds no
+                   registers while its bytes are in flight; shorter rows run triton_online
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from casebook.kernels import softmax_cluster
 from casebook.traffic import Term, Traffic
 
 # --- reference, inputs, traffic ----------------------------------------------------------------
@@ -320,6 +324,27 @@ def triton_online(x: torch.Tensor) -> torch.Tensor:
     grid = lambda meta: (n_rows * triton.cdiv(n_cols, meta["CHUNK"]),)  # noqa: E731
     _split_row_tuned[grid](x, y, m, s, barriers, n_rows, n_cols, x.stride(0), PHASE=0)
     return y
+
+
+# --- variant 6: Hopper's clusters and bulk copies (CUDA C++) -------------------------------------
+
+CLUSTER_ABOVE_BYTES = 32 * 1024
+"""Rows longer than this take softmax_cluster's kernel. Up to 8K bf16 columns triton_online is at the
+copy rate; at 16K (32 KB) it reached 3.8 TB/s, as did the cluster kernel with 32 KB chunks
+(benchmarks/explore/cluster_softmax.py)."""
+
+
+def cluster_bulk(x: torch.Tensor) -> torch.Tensor:
+    """Rows over 32 KB: softmax_cluster's kernel (Hopper: each chunk of a row landed in shared memory by
+    bulk copies, the chunks' (max, sum) exchanged over a thread-block cluster). Shorter rows, and rows it
+    cannot split (not a whole number of 16-byte vectors, or over 1 MB), run triton_online. On a GPU
+    without clusters the long rows fail, rather than quietly timing another kernel."""
+    if x.shape[-1] * x.element_size() <= CLUSTER_ABOVE_BYTES:
+        return triton_online(x)
+    x = x.contiguous()
+    if softmax_cluster.plan(*x.shape, x.element_size(), 1) is None or x.data_ptr() % 16:
+        return triton_online(x)
+    return softmax_cluster.softmax(x)
 
 
 # --- level 3: a non-flash attention block ---------------------------------------------------------

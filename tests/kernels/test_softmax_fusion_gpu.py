@@ -1,6 +1,6 @@
 """softmax_fusion on a GPU: triton_online's streamed rows (persistent programs, asynchronous copies the
 interpreter does not make) and rows split over programs that wait for each other at a row barrier, which
-only a real GPU runs (the interpreter runs programs one after another). Skipped elsewhere;
+only a real GPU runs (the interpreter runs programs one after another); cluster_bulk's CUDA kernel. Skipped elsewhere;
 run on a GPU without TRITON_INTERPRET: `python3 -m pytest -q tests/kernels/test_softmax_fusion_gpu.py`."""
 
 from __future__ import annotations
@@ -30,6 +30,25 @@ def mod():
 def test_long_rows_match_reference(mod, rows, cols, dtype):
     from casebook.check import TOLERANCE, check
     c = check(mod.triton_online, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
+              [rows * 1000 + cols, rows * 1000 + cols + 1])
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype]
+
+
+CLUSTER_ROWS = (1, 37, 199)
+CLUSTER_COLS = (16392, 32768, 40000, 65537, 151936, 300000)  # just over 32 KB in bf16, one CTA a row,
+# a ragged last chunk, not whole 16-byte vectors (triton_online), a vocabulary (5 CTAs), 10 CTAs (past
+# the portable 8) in 16-bit, over 1 MB in fp32 (triton_online)
+
+
+@pytest.mark.parametrize("cols", CLUSTER_COLS)
+@pytest.mark.parametrize("rows", CLUSTER_ROWS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_cluster_bulk_matches_reference(mod, rows, cols, dtype):
+    from casebook.check import TOLERANCE, check
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters and bulk copies need Hopper")
+    c = check(mod.cluster_bulk, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
               [rows * 1000 + cols, rows * 1000 + cols + 1])
     assert c.correct, c.error
     assert c.max_rel_err <= TOLERANCE[dtype]

@@ -1,0 +1,332 @@
+"""Softmax rows longer than 32 KB, split over a thread-block cluster, each chunk landed in shared memory
+by bulk copies (Hopper; CUDA C++ compiled at run time by NVRTC, through cuda.core).
+
+Why not Triton: the split-row Triton kernel (`softmax_fusion.triton_online`) holds each chunk in
+registers, so a program keeps its loads in flight only until they land, then reduces, meets the other
+chunks of its row at a barrier and stores, with nothing in flight. It stays at 2.9-3.1 TB/s from 64K
+columns on, against a 4.15 TB/s copy. Two explorations found why (benchmarks/explore/cluster_softmax.py):
+- The same register-held split with a hardware cluster barrier instead of the global one was no faster
+  (64K: 2.97 TB/s): the barrier was not the limit.
+- Landing each chunk in shared memory by bulk copies was (64K: 3.90 TB/s). A bulk copy holds no
+  registers while in flight, so three 64 KB chunks per SM are in flight at once, ~192 KB.
+Triton 3.6 exposes neither clusters for this (a `num_ctas=2` row reduction fails to compile) nor bulk
+copies into shared memory for a row.
+
+The kernel (`SOURCE`):
+- **Plan** (`plan`). A row goes to a cluster of C CTAs, each a chunk of at most 64 KB, so three CTAs
+  fit one SM's 227 KB of shared memory; C doubles while the rows are too few to give every SM two
+  CTAs and the chunks stay 8 KB or more. At most 16 CTAs (past the portable 8: the kernel opts in).
+- **Load.** One thread issues the chunk's bulk copies (cp.async.bulk, the TMA's 1-D form) at once, in
+  8 KB pieces, each signalling its own mbarrier, so the 512 threads reduce a piece (online max and sum
+  of 2^(x log2 e - max)) as soon as it lands.
+- **Exchange.** Warp shuffles, then the CTA through shared memory, then the cluster: warp 0 reads every
+  CTA's (max, sum) from its shared memory (mapa + ld.shared::cluster) between two cluster barriers.
+- **Store.** Each thread normalises from shared memory and writes 16-byte vectors, evict-first.
+  The last act of every CTA is the second barrier's wait, so none leaves while another reads its pair.
+One read and one write of the tensor, like every fused variant.
+
+Applies (`unsupported`): a CUDA device of compute capability 9.0 or higher, fp32 / bf16 / fp16,
+contiguous 2-D rows of a multiple of 16 bytes and at most 1 MB (16 chunks of 64 KB).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+THREADS = 512
+PIECE_VECS = THREADS  # 16-byte vectors per bulk copy (8 KB): one per thread
+MAX_PIECES = 8
+CHUNK_BYTES = PIECE_VECS * MAX_PIECES * 16  # 64 KB per CTA: three CTAs fit an SM's shared memory
+MIN_CHUNK_BYTES = 8 * 1024
+MAX_CLUSTER = 16
+PORTABLE_CLUSTER = 8
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+SOURCE = r"""
+#define LOG2E 1.4426950408889634f
+#define INFINITY __int_as_float(0x7f800000)
+#define THREADS %(threads)d
+#define PIECE %(piece)d
+#define MAX_PIECES %(max_pieces)d
+
+__device__ __forceinline__ float ex2(float x) {
+  float y; asm("ex2.approx.ftz.f32 %%0, %%1;" : "=f"(y) : "f"(x)); return y;
+}
+__device__ __forceinline__ unsigned smem(const void* p) {
+  unsigned a; asm("{ .reg .u64 g; cvta.to.shared.u64 g, %%1; cvt.u32.u64 %%0, g; }" : "=r"(a) : "l"(p)); return a;
+}
+__device__ __forceinline__ unsigned special(int which) {
+  unsigned r;
+  if (which == 0) asm volatile("mov.u32 %%0, %%%%cluster_ctarank;" : "=r"(r));
+  else if (which == 1) asm volatile("mov.u32 %%0, %%%%cluster_nctarank;" : "=r"(r));
+  else asm volatile("mov.u32 %%0, %%%%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_arrive(bool release) {
+  if (release) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  else asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+// Element k of a 16-byte vector, times log2(e). DT: 0 fp32, 1 bf16, 2 fp16.
+template <int DT> __device__ __forceinline__ void unpack(uint4 r, float* f) {
+  const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (DT == 0) {
+      f[k] = __uint_as_float(w[k]) * LOG2E;
+    } else if constexpr (DT == 1) {
+      f[2 * k] = __uint_as_float(w[k] << 16) * LOG2E;
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u) * LOG2E;
+    } else {
+      float a, b;
+      asm("{ .reg .b16 l, h; mov.b32 {l, h}, %%2; cvt.f32.f16 %%0, l; cvt.f32.f16 %%1, h; }" : "=f"(a), "=f"(b) : "r"(w[k]));
+      f[2 * k] = a * LOG2E;
+      f[2 * k + 1] = b * LOG2E;
+    }
+  }
+}
+template <int DT> __device__ __forceinline__ uint4 pack(const float* f) {
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (DT == 0) w[k] = __float_as_uint(f[k]);
+    else if constexpr (DT == 1) asm("cvt.rn.bf16x2.f32 %%0, %%1, %%2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+    else asm("cvt.rn.f16x2.f32 %%0, %%1, %%2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// (m, s) with s = sum of 2^(v - m); -inf means "nothing yet".
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  const float M = fmaxf(m, m2);
+  s = M == -INFINITY ? 0.f : s * ex2(m - M) + s2 * ex2(m2 - M);
+  m = M;
+}
+__device__ __forceinline__ void warp_merge(float& m, float& s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+}
+
+// The row's (max, sum): the warp, the CTA, then every CTA of the cluster between two barriers.
+// The caller's last act must be cluster_wait(): no CTA leaves while another may read its pair.
+__device__ __forceinline__ float2 row_total(float m, float s) {
+  __shared__ float2 red[THREADS / 32];
+  __shared__ float2 mine, total;
+  warp_merge(m, s);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
+  if (lane == 0) red[warp] = make_float2(m, s);
+  __syncthreads();
+  if (warp == 0) {
+    float2 p = lane < THREADS / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
+    warp_merge(p.x, p.y);
+    if (lane == 0) mine = p;
+  }
+  cluster_arrive(true);
+  cluster_wait();
+  if (warp == 0) {
+    float2 p = make_float2(-INFINITY, 0.f);
+    if (lane < (int)special(1)) {
+      unsigned remote;
+      asm volatile("mapa.shared::cluster.u32 %%0, %%1, %%2;" : "=r"(remote) : "r"(smem(&mine)), "r"(lane));
+      asm volatile("ld.shared::cluster.v2.f32 {%%0, %%1}, [%%2];" : "=f"(p.x), "=f"(p.y) : "r"(remote) : "memory");
+    }
+    warp_merge(p.x, p.y);
+    if (lane == 0) total = p;
+  }
+  __syncthreads();
+  cluster_arrive(false);  // this CTA has read the others' pairs
+  return total;
+}
+
+// One row per cluster; this CTA's chunk is vectors [rank * chunk_vecs, +chunk_vecs) of it.
+template <int DT>
+__global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict__ x, uint4* __restrict__ y,
+                                                        int row_vecs, int chunk_vecs) {
+  constexpr int EPV = DT == 0 ? 4 : 8;
+  extern __shared__ __align__(128) uint4 buf[];
+  __shared__ __align__(8) unsigned long long bars[MAX_PIECES];
+  const int first = special(0) * chunk_vecs;
+  const int len = max(0, min(chunk_vecs, row_vecs - first));
+  const int pieces = (len + PIECE - 1) / PIECE;
+  const long long base = (long long)special(2) * row_vecs + first;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < pieces; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(smem(&bars[k])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int k = 0; k < pieces; ++k) {
+      const unsigned bytes = min(PIECE, len - k * PIECE) * 16;
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(smem(&bars[k])), "r"(bytes) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];"
+                   :: "r"(smem(&buf[k * PIECE])), "l"(x + base + k * PIECE), "r"(bytes), "r"(smem(&bars[k])) : "memory");
+    }
+  }
+  __syncthreads();
+  float m = -INFINITY, s = 0.f;
+  for (int k = 0; k < pieces; ++k) {
+    unsigned done;
+    do {
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], 0; selp.u32 %%0, 1, 0, p; }"
+                   : "=r"(done) : "r"(smem(&bars[k])) : "memory");
+    } while (!done);
+    const int j = k * PIECE + threadIdx.x;
+    if (j < len) {
+      float f[EPV];
+      unpack<DT>(buf[j], f);
+      float mv = f[0];
+#pragma unroll
+      for (int e = 1; e < EPV; ++e) mv = fmaxf(mv, f[e]);
+      if (mv > m) { s *= ex2(m - mv); m = mv; }
+#pragma unroll
+      for (int e = 0; e < EPV; ++e) s += ex2(f[e] - m);
+    }
+  }
+  const float2 tot = row_total(m, s);
+  const float inv = 1.f / tot.y;
+#pragma unroll 2
+  for (int j = threadIdx.x; j < len; j += THREADS) {
+    float f[EPV];
+    unpack<DT>(buf[j], f);
+#pragma unroll
+    for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
+    uint4 v = pack<DT>(f);
+    asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
+  cluster_wait();
+}
+""" % {"threads": THREADS, "piece": PIECE_VECS, "max_pieces": MAX_PIECES}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a row is split: `cluster` CTAs, each `chunk_vecs` 16-byte vectors of its `row_vecs`."""
+
+    cluster: int
+    chunk_vecs: int
+    row_vecs: int
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.chunk_vecs * 16
+
+
+def plan(rows: int, cols: int, element_size: int, sms: int) -> Plan | None:
+    """The split for rows x cols, or None where the row is not a whole number of 16-byte vectors or
+    needs more than MAX_CLUSTER chunks."""
+    row_bytes = cols * element_size
+    if row_bytes % 16 or row_bytes == 0:
+        return None
+    cluster = math.ceil(row_bytes / CHUNK_BYTES)
+    if cluster > MAX_CLUSTER:
+        return None
+    while cluster * 2 <= PORTABLE_CLUSTER and rows * cluster < 2 * sms and row_bytes // (2 * cluster) >= MIN_CHUNK_BYTES:
+        cluster *= 2  # too few rows to give every SM two CTAs: more, smaller chunks per row
+    row_vecs = row_bytes // 16
+    return Plan(cluster, math.ceil(row_vecs / cluster), row_vecs)
+
+
+def unsupported(x: torch.Tensor) -> str | None:
+    """Why the kernel cannot take `x`, or None."""
+    if not x.is_cuda:
+        return "needs a CUDA device"
+    if torch.cuda.get_device_capability(x.device) < (9, 0):
+        return "needs thread-block clusters and bulk copies: compute capability 9.0 (Hopper) or later"
+    if x.dtype not in DTYPES:
+        return f"takes fp32, bf16 or fp16, not {x.dtype}"
+    if x.dim() != 2 or not x.is_contiguous() or x.data_ptr() % 16:
+        return "takes contiguous 2-D rows starting on a 16-byte boundary"
+    if plan(*x.shape, x.element_size(), 1) is None:
+        return f"takes rows of a multiple of 16 bytes, at most {MAX_CLUSTER * CHUNK_BYTES // 1024} KB"
+    return None
+
+
+def compile_source(arch: str) -> object:
+    """The three dtypes' kernels, compiled by NVRTC for `arch` (e.g. "sm_90a"): a cuda.core ObjectCode.
+    Needs no GPU (tests compile it on CPU machines)."""
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(arch=arch, use_fast_math=True, std="c++17")
+    return Program(SOURCE, "c++", options).compile("cubin", name_expressions=tuple(_names()))
+
+
+def _names() -> list[str]:
+    return [f"softmax_rows<{code}>" for code in DTYPES.values()]
+
+
+@functools.cache
+def _kernels(device_index: int) -> dict:
+    """Compiled once per device and process (about a second), each kernel allowed 64 KB of dynamic
+    shared memory and clusters past the portable size."""
+    from cuda.bindings import driver
+    from cuda.core import Device
+
+    device = Device(device_index)
+    device.set_current()
+    major, minor = device.compute_capability
+    code = compile_source(f"sm_{major}{minor}a")
+    attrs = driver.CUfunction_attribute
+    kernels = {}
+    for dtype, name in zip(DTYPES, _names()):
+        kernel = code.get_kernel(name)
+        for attr, value in ((attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, CHUNK_BYTES),
+                            (attrs.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)):
+            (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, device_index)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuKernelSetAttribute({attr.name}) failed: {err.name}")
+        kernels[dtype] = kernel
+    return kernels
+
+
+class _TorchStream:
+    """torch's current stream, offered to cuda.core through the __cuda_stream__ protocol."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+_streams = threading.local()
+
+
+def _stream(device: torch.device) -> object:
+    from cuda.core import Device
+
+    handle = torch.cuda.current_stream(device).cuda_stream
+    if not hasattr(_streams, "by_handle"):
+        _streams.by_handle = {}
+    cache = _streams.by_handle
+    if handle not in cache:
+        Device(device.index).set_current()  # this thread's current context: the primary one, as torch's
+        cache[handle] = Device(device.index).create_stream(_TorchStream(handle))
+    return cache[handle]
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension of a 2-D tensor that `unsupported` accepts."""
+    from cuda.core import LaunchConfig, launch
+
+    reason = unsupported(x)
+    if reason is not None:
+        raise ValueError(f"softmax_cluster: {reason}")
+    rows, cols = x.shape
+    p = plan(rows, cols, x.element_size(), _sm_count(x.device))
+    y = torch.empty_like(x)
+    if rows == 0:
+        return y
+    config = LaunchConfig(grid=rows, cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
+    launch(_stream(x.device), config, _kernels(x.device.index)[x.dtype], np.uint64(x.data_ptr()),
+           np.uint64(y.data_ptr()), np.int32(p.row_vecs), np.int32(p.chunk_vecs))
+    return y
