@@ -39,6 +39,11 @@ as before, and write from shared memory. No registers are held while the bytes a
 three 64 KB CTAs (or six 32 KB ones) per SM keep up to ~192 KB in flight.
 Prediction, written before its run: 3.7 TB/s or more at 32K-256K bf16 for the best configuration.
 
+The bulk kernel went into the case as `cluster_bulk` (casebook/kernels/softmax_cluster.py: 64 KB
+chunks, 8 KB pieces, 512 threads). The case run (notes/h200-2026-12-01g/softmax-cluster/) read 3.78 TB/s
+at 4096 x 32768 against 3.86 at 4096 x 65536. `--tail` asks whether that is the grid's last wave.
+Prediction: at 3960 and 4356 rows (whole waves) 3.85 TB/s or more; at 4096 rows 3.78 again.
+
 Run on the device from the repository root:  python3 benchmarks/explore/cluster_softmax.py --check
                                              python3 benchmarks/explore/cluster_softmax.py
 """
@@ -419,5 +424,28 @@ def main(check_only: bool) -> None:
             print(f"{rows}x{cols} {label:32s} {s.median_us:8.1f} us  {nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)
 
 
+def tail() -> None:
+    """Is 4096 x 32768's 3.78 TB/s (against 3.86 at 64K) the grid's last wave? The case's kernel holds
+    one 64 KB row per CTA there, three CTAs per SM: 396 at once, so 4096 rows are 10.34 waves, and the
+    last 0.34 of a wave runs on a third of the slots. Timed beside 3960 and 4356 rows (10 and 11 whole
+    waves), and the 64K-row counterpart, with a copy of each size."""
+    import torch
+
+    from casebook.bench import Protocol, time_fn
+    from casebook.kernels import softmax_cluster
+
+    for rows, cols in ((3960, 32768), (4096, 32768), (4356, 32768), (7920, 32768), (8192, 32768), (4096, 65536)):
+        x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+        y = torch.empty_like(x)
+        nbytes = 2 * x.numel() * 2
+        p = softmax_cluster.plan(rows, cols, 2, torch.cuda.get_device_properties(0).multi_processor_count)
+        for label, fn in (("copy", lambda: y.copy_(x)), ("softmax_cluster", lambda: softmax_cluster.softmax(x))):
+            s = time_fn(fn, "cuda", Protocol()).summary
+            print(f"{rows}x{cols} ({rows * p.cluster / 396:.2f} waves) {label:16s} {s.median_us:8.1f} us  "
+                  f"{nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)
+
+
 if __name__ == "__main__":
+    if "--tail" in sys.argv:
+        sys.exit(tail())
     sys.exit(main("--check" in sys.argv))
