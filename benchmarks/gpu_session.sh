@@ -73,7 +73,7 @@ case "${1:-}" in
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   softmax-run)  # the result to commit alone (with counters)
-    run_case softmax_fusion 320 --counters ;;
+    run_case softmax_fusion 420 --counters ;;
   softmax-cluster)  # every GPU-only softmax test (cluster_bulk's CUDA kernel too), then the committed run
     timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
