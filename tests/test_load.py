@@ -132,7 +132,7 @@ def test_unknown_field_suggests_the_closest(make_case, refused, line_of):
 
 def test_unknown_field_in_a_claim(make_case, refused, line_of):
     path = make_case({"    over: eager\n": "    ovr: eager\n"})
-    refused(path, line_of(path, "ovr: eager"), "claims.6.ovr", "did you mean 'over'?")
+    refused(path, line_of(path, "ovr: eager"), "claims.7.ovr", "did you mean 'over'?")
 
 
 def test_missing_field(make_case, refused, line_of):
@@ -158,7 +158,7 @@ def test_dimension_must_be_positive(make_case, refused, line_of, value):
 
 
 def test_shape_too_big_for_any_device(make_case, refused, line_of):
-    path = make_case({"      - {rows: 1024, cols: 262144}\n": "      - {rows: 1099511627776, cols: 262144}\n"})
+    path = make_case({"      - {rows: 1024, cols: 262144}\n    cpu_shapes:": "      - {rows: 1099511627776, cols: 262144}\n    cpu_shapes:"})
     refused(path, line_of(path, "1099511627776"), "levels.kernel.shapes.6", "GiB", "more than any device")
 
 

@@ -169,8 +169,9 @@ def test_strict_warns_about_cuda_only_variants(make_case, line_of):
     report = validate([path], strict=True)
     assert report.errors == []
     assert [str(w) for w in report.warnings] == [
-        f"{path}:{line_of(path, 'backends: [cuda]')}: kernel.variants.2.backends: warning: variant 'torch_compile' "
-        "runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only machines"]
+        f"{path}:{line_of(path, 'backends: [cuda]', n)}: kernel.variants.{i}.backends: warning: variant '{name}' "
+        "runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only machines"
+        for n, (i, name) in enumerate([(2, "torch_compile"), (5, "cluster_bulk")], 1)]
 
 
 def test_strict_wants_results(make_case):
@@ -207,7 +208,7 @@ FAILED_POINT = {"variant": "triton_online", "shape": {"rows": 512, "cols": 1024}
     ({"command": "casebook run cases/softmax_fusion.yaml --quick"},
      "is a --quick smoke run, not a result to publish; run without --quick"),
     ({"variants": [{"name": "torch_softmax"}, {"name": "triton_online"}]},
-     "lacks variant(s) eager, torch_compile, triton_onepass (a --variant run); run the whole ladder"),
+     "lacks variant(s) eager, torch_compile, triton_onepass, cluster_bulk (a --variant run); run the whole ladder"),
     ({"kernel_level": [{"variant": "eager", "status": "ok"}, FAILED_POINT, FAILED_POINT]},
      "records 2 failed point(s), first triton_online 512x1024 fp32: failed: seed 1: relative error 0.3 over "
      "tolerance 1e-05; fix the variant (or its traffic model) and run again"),
@@ -242,7 +243,7 @@ def test_strict_warns_of_a_missed_claim_without_rejecting_it(make_case):
 def test_strict_accepts_a_clean_full_result(make_case):
     path = make_case()
     result = store_result(path)
-    names = ["eager", "torch_softmax", "torch_compile", "triton_onepass", "triton_online"]
+    names = ["eager", "torch_softmax", "torch_compile", "triton_onepass", "triton_online", "cluster_bulk"]
     result.write_text(json.dumps({**json.loads(result.read_text()), "command": "casebook run cases/softmax_fusion.yaml",
                                   "variants": [{"name": n} for n in names],
                                   "kernel_level": [{"status": s} for s in ("ok", "checked", "skipped")],
@@ -276,7 +277,7 @@ def test_strict_warns_about_claims_never_checked(make_case, line_of):
     cpu.parent.mkdir()
     result.rename(cpu)
     warnings = [str(w) for w in validate([path], strict=True).warnings if w.field.startswith("claims")]
-    assert len(warnings) == 7  # every claim of the softmax case is scoped to nvidia-h200
+    assert len(warnings) == 8  # every claim of the softmax case is scoped to nvidia-h200
     assert warnings[0] == (f"{path}:{line_of(path, 'hardware: [nvidia-h200]')}: claims.0.hardware: warning: claim is "
                            "scoped to nvidia-h200, which has no results/<hardware>/softmax_fusion.json: it is never "
                            "checked until the case runs there")
@@ -300,7 +301,7 @@ def test_check_command_passes_with_fresh_results(make_case, cli):
     store_result(path)
     result = cli("check", path)
     assert result.exit_code == 0, result.output
-    assert "1 warning" in result.output
+    assert "2 warnings" in result.output  # the two CUDA-only variants
 
 
 # --- provenance ------------------------------------------------------------------------------------
@@ -308,6 +309,7 @@ def test_check_command_passes_with_fresh_results(make_case, cli):
 
 def test_provenance_hashes_bytes():
     assert provenance.case_sha256(SOFTMAX) == hashlib.sha256(SOFTMAX.read_bytes()).hexdigest()
-    assert provenance.kernel_sha256("softmax_fusion") == hashlib.sha256(KERNEL.encode()).hexdigest()
+    leaf = REPO / "casebook" / "kernels" / "gelu_fit.py"  # a kernel module that imports no other
+    assert provenance.kernel_sha256("gelu_fit") == hashlib.sha256(leaf.read_bytes()).hexdigest()
     with pytest.raises(ValueError):
         provenance.kernel_path("../etc/passwd")
