@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh softmax-full   # the committed run (with ncu counters), then a second
 #                                                 # full run on the same machine, compared (run to run)
 #   bash benchmarks/gpu_session.sh softmax-run    # the committed run alone (with ncu counters)
+#   bash benchmarks/gpu_session.sh softmax-persist  # cluster_softmax.py --persist, every GPU softmax test,
+#                                                 # then the committed run
 #   bash benchmarks/gpu_session.sh gemm-runs      # the ceilings, then the three GEMM cases
 #   bash benchmarks/gpu_session.sh checks         # GPU-only softmax tests, harness against do_bench,
 #                                                 # the epilogue-subtiling exploration
@@ -74,6 +76,13 @@ case "${1:-}" in
       "$out/rerun/nvidia-h200/softmax_fusion.json" > "$out/logs/compare.txt" 2>&1; tail -15 "$out/logs/compare.txt" ;;
   softmax-run)  # the result to commit alone (with counters)
     run_case softmax_fusion 420 --counters ;;
+  softmax-persist)  # cluster_bulk's persistent schedule against one row per cluster, then every GPU-only
+                    # softmax test, then the committed run
+    timeout 100 python3 benchmarks/explore/cluster_softmax.py --persist > "$out/logs/cluster_persist.txt" 2>&1
+    echo "persist: exit $?"; cat "$out/logs/cluster_persist.txt"
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case softmax_fusion $((575 - SECONDS)) --counters ;;
   softmax-cluster)  # every GPU-only softmax test (cluster_bulk's CUDA kernel too), then the committed run
     timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
@@ -121,7 +130,7 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

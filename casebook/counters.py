@@ -62,23 +62,29 @@ def read(case_path: Path, doc: dict, progress: Callable[[str], None] = print) ->
         except subprocess.TimeoutExpired:
             rows.append({**row, "error": "ncu timed out"})
             continue
-        modelled = _modelled(proc.stdout)
+        reason = _marked(proc.stdout, "CASEBOOK_NOT_APPLICABLE=")
+        if reason is not None:  # the variant's own word that it does not cover this shape
+            rows.append({**row, "not_applicable": reason})
+            continue
+        modelled = _marked(proc.stdout, "CASEBOOK_MODELLED_BYTES=")
         measured = _parse(proc.stdout)
         if measured is None or modelled is None:
             rows.append({**row, "error": f"ncu gave no counters (exit {proc.returncode}): {proc.stderr[-300:]}"})
             continue
         read_b, write_b, kernels = measured
         total = read_b + write_b
+        modelled = float(modelled)
         rows.append({**row, "modelled_bytes": modelled, "measured_bytes": total, "read_bytes": read_b,
                      "write_bytes": write_b, "kernels": kernels, "gap": total / modelled - 1,
                      "flagged": abs(total / modelled - 1) > GAP_FLAG})
     return rows
 
 
-def _modelled(stdout: str) -> float | None:
+def _marked(stdout: str, mark: str) -> str | None:
+    """The rest of the child's line that starts with `mark` (ncu's own lines never do)."""
     for line in stdout.splitlines():
-        if line.startswith("CASEBOOK_MODELLED_BYTES="):
-            return float(line.split("=", 1)[1])
+        if line.startswith(mark):
+            return line[len(mark):]
     return None
 
 
@@ -112,7 +118,12 @@ def _profiled_call(spec: dict) -> None:
     fn = getattr(mod, spec["fn"])
     dtype = TORCH_DTYPES[spec["dtype"]]
     inputs = getattr(mod, spec["inputs"])(spec["shape"], dtype, "cuda", torch.Generator().manual_seed(0))
-    for _ in range(3):
+    try:
+        fn(**inputs)
+    except NotImplementedError as e:
+        print(f"CASEBOOK_NOT_APPLICABLE={' '.join(str(e).split())}")
+        return
+    for _ in range(2):
         fn(**inputs)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()

@@ -44,6 +44,16 @@ chunks, 8 KB pieces, 512 threads). The case run (notes/h200-2026-12-01g/softmax-
 at 4096 x 32768 against 3.86 at 4096 x 65536. `--tail` asks whether that is the grid's last wave.
 Prediction: at 3960 and 4356 rows (whole waves) 3.85 TB/s or more; at 4096 rows 3.78 again.
 
+`--persist` (2026-12-01h): the tail's fit says a launch of the kernel costs ~7 us more than a copy's, the
+fill and drain of the bytes in flight. The kernel became persistent: as many clusters as the device
+holds at once, each refilling a piece's shared memory with the same piece of its next row as soon as the
+piece is stored, so the next row's loads overlap this row's stores and the pipe empties once per launch,
+not once per row. Timed beside the old schedule (one row per cluster: the same kernel on a grid of
+`rows` clusters) at the tail's shapes and the case's 64K-256K.
+Prediction, written before its run: persistent 4096 x 32768 bf16 at 3.85 TB/s or more (one row per
+cluster 3.78-3.80); the fit over 4096 and 8192 rows gives a fixed cost under 6 us; 64K-256K at least as
+fast as before (3.87 / 3.58 / 3.45 in the case run).
+
 Run on the device from the repository root:  python3 benchmarks/explore/cluster_softmax.py --check
                                              python3 benchmarks/explore/cluster_softmax.py
 """
@@ -445,7 +455,42 @@ def tail() -> None:
                   f"{nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)
 
 
+def persist() -> None:
+    """The persistent schedule against one row per cluster (module docstring, `--persist`): correctness
+    at shapes with more rows than resident clusters, then times."""
+    import torch
+
+    from casebook.bench import Protocol, time_fn
+    from casebook.kernels import softmax_cluster
+
+    torch.manual_seed(0)
+    for rows, cols, dtype in ((1000, 32768, torch.bfloat16), (777, 65536 + 8, torch.bfloat16),
+                              (2000, 16384 + 4, torch.float32), (300, 262144, torch.float16), (1, 32768, torch.bfloat16)):
+        x = (torch.randn(rows, cols, device="cuda") * 4).to(dtype)
+        ref = torch.softmax(x.double(), -1)
+        for label, clusters in (("persistent", None), ("row per cluster", rows)):
+            y = softmax_cluster.softmax(x, clusters)
+            err = ((y.double() - ref).abs() / ref.abs().clamp_min(torch.finfo(dtype).tiny)).max().item()
+            good = bool(torch.isfinite(y).all()) and err < {torch.float32: 1e-5}.get(dtype, 1e-2)
+            print(f"check {rows}x{cols} {dtype} {label}: max rel err {err:.2e} {'ok' if good else 'WRONG'}", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for rows, cols in ((4096, 32768), (8192, 32768), (3960, 32768), (4096, 65536), (8192, 65536),
+                       (2048, 131072), (1024, 262144)):
+        x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+        y = torch.empty_like(x)
+        nbytes = 2 * x.numel() * 2
+        p = softmax_cluster.plan(rows, cols, 2, sms)
+        runs = {"copy": lambda: y.copy_(x), "persistent": lambda: softmax_cluster.softmax(x),
+                "row per cluster": lambda: softmax_cluster.softmax(x, rows)}
+        for label, fn in runs.items():
+            s = time_fn(fn, "cuda", Protocol()).summary
+            print(f"{rows}x{cols} C={p.cluster} {label:16s} {s.median_us:8.1f} us  {nbytes / s.median_us / 1e6:5.2f} TB/s",
+                  flush=True)
+
+
 if __name__ == "__main__":
+    if "--persist" in sys.argv:
+        sys.exit(persist())
     if "--tail" in sys.argv:
         sys.exit(tail())
     sys.exit(main("--check" in sys.argv))

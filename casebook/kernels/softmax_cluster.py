@@ -16,17 +16,25 @@ The kernel (`SOURCE`):
 - **Plan** (`plan`). A row goes to a cluster of C CTAs, each a chunk of at most 64 KB, so three CTAs
   fit one SM's 227 KB of shared memory; C doubles while the rows are too few to give every SM two
   CTAs and the chunks stay 8 KB or more. At most 16 CTAs (past the portable 8: the kernel opts in).
+- **Persistent.** The grid holds as many clusters as the device runs at once (the occupancy
+  calculator's count); cluster c takes rows c, c + clusters, ... A grid of one row per cluster pays a
+  fill and a drain for every CTA it starts (benchmarks/explore/cluster_softmax.py `--tail`: 9.8 us per
+  launch against a copy's 2.8, at 4096 x 32768 bf16 2% of the time).
 - **Load.** One thread issues the chunk's bulk copies (cp.async.bulk, the TMA's 1-D form) at once, in
   8 KB pieces, each signalling its own mbarrier, so the 512 threads reduce a piece (online max and sum
   of 2^(x log2 e - max)) as soon as it lands.
 - **Exchange.** Warp shuffles, then the CTA through shared memory, then the cluster: warp 0 reads every
   CTA's (max, sum) from its shared memory (mapa + ld.shared::cluster) between two cluster barriers.
-- **Store.** Each thread normalises from shared memory and writes 16-byte vectors, evict-first.
-  The last act of every CTA is the second barrier's wait, so none leaves while another reads its pair.
+- **Store.** Each thread normalises a piece from shared memory and writes 16-byte vectors,
+  evict-first; as soon as every thread has read the piece, its shared memory takes the same piece of
+  the cluster's next row, so the next row's loads are in flight while this row's stores drain.
+  Each row ends in the second barrier's wait, so no CTA overwrites its pair, or leaves, while another
+  may still read it.
 One read and one write of the tensor, like every fused variant.
 
-Applies (`unsupported`): a CUDA device of compute capability 9.0 or higher, fp32 / bf16 / fp16,
-contiguous 2-D rows of a multiple of 16 bytes and at most 1 MB (16 chunks of 64 KB).
+Applies (`unsupported`): a CUDA device of compute capability 9.0 or higher (elsewhere `softmax` raises
+NotImplementedError: the variant does not cover that machine), fp32 / bf16 / fp16, contiguous 2-D rows
+of a multiple of 16 bytes and at most 1 MB (16 chunks of 64 KB).
 """
 
 from __future__ import annotations
@@ -61,13 +69,13 @@ __device__ __forceinline__ float ex2(float x) {
 __device__ __forceinline__ unsigned smem(const void* p) {
   unsigned a; asm("{ .reg .u64 g; cvta.to.shared.u64 g, %%1; cvt.u32.u64 %%0, g; }" : "=r"(a) : "l"(p)); return a;
 }
-__device__ __forceinline__ unsigned special(int which) {
-  unsigned r;
-  if (which == 0) asm volatile("mov.u32 %%0, %%%%cluster_ctarank;" : "=r"(r));
-  else if (which == 1) asm volatile("mov.u32 %%0, %%%%cluster_nctarank;" : "=r"(r));
-  else asm volatile("mov.u32 %%0, %%%%clusterid.x;" : "=r"(r));
-  return r;
-}
+// This CTA's rank in its cluster, the cluster's size, its index in the grid, and the grid's clusters.
+#define SPECIAL(name, reg) \
+  __device__ __forceinline__ unsigned name() { unsigned r; asm volatile("mov.u32 %%0, %%%%" reg ";" : "=r"(r)); return r; }
+SPECIAL(cluster_rank, "cluster_ctarank")
+SPECIAL(cluster_size, "cluster_nctarank")
+SPECIAL(cluster_index, "clusterid.x")
+SPECIAL(cluster_count, "nclusterid.x")
 __device__ __forceinline__ void cluster_arrive(bool release) {
   if (release) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
   else asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -132,7 +140,7 @@ __device__ __forceinline__ float2 row_total(float m, float s) {
   cluster_wait();
   if (warp == 0) {
     float2 p = make_float2(-INFINITY, 0.f);
-    if (lane < (int)special(1)) {
+    if (lane < (int)cluster_size()) {
       unsigned remote;
       asm volatile("mapa.shared::cluster.u32 %%0, %%1, %%2;" : "=r"(remote) : "r"(smem(&mine)), "r"(lane));
       asm volatile("ld.shared::cluster.v2.f32 {%%0, %%1}, [%%2];" : "=f"(p.x), "=f"(p.y) : "r"(remote) : "memory");
@@ -145,60 +153,81 @@ __device__ __forceinline__ float2 row_total(float m, float s) {
   return total;
 }
 
-// One row per cluster; this CTA's chunk is vectors [rank * chunk_vecs, +chunk_vecs) of it.
+// Bulk-copy this CTA's chunk of `row` (its vectors [first, first + len)) into shared memory, piece by piece,
+// each piece from `from` on signalling its own mbarrier. One thread issues.
+__device__ __forceinline__ void load_pieces(uint4* buf, unsigned long long* bars, const uint4* x, long long base,
+                                            int len, int from, int to) {
+  for (int k = from; k < to; ++k) {
+    const unsigned bytes = min(PIECE, len - k * PIECE) * 16;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(smem(&bars[k])), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];"
+                 :: "r"(smem(&buf[k * PIECE])), "l"(x + base + k * PIECE), "r"(bytes), "r"(smem(&bars[k])) : "memory");
+  }
+}
+
+// Persistent: cluster c takes rows c, c + clusters, ... . This CTA's chunk is vectors [rank * chunk_vecs,
+// +chunk_vecs) of each. While a row's pieces are normalised and stored, each piece's shared memory is
+// refilled at once with the same piece of the cluster's next row, so the loads of row i + 1 are in flight
+// while row i drains: the SM's memory pipe never empties between rows.
 template <int DT>
 __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict__ x, uint4* __restrict__ y,
-                                                        int row_vecs, int chunk_vecs) {
+                                                        int rows, int row_vecs, int chunk_vecs) {
   constexpr int EPV = DT == 0 ? 4 : 8;
   extern __shared__ __align__(128) uint4 buf[];
   __shared__ __align__(8) unsigned long long bars[MAX_PIECES];
-  const int first = special(0) * chunk_vecs;
+  const int first = cluster_rank() * chunk_vecs;
   const int len = max(0, min(chunk_vecs, row_vecs - first));
   const int pieces = (len + PIECE - 1) / PIECE;
-  const long long base = (long long)special(2) * row_vecs + first;
+  const int stride = cluster_count();
+  int row = cluster_index();
   if (threadIdx.x == 0) {
     for (int k = 0; k < pieces; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(smem(&bars[k])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int k = 0; k < pieces; ++k) {
-      const unsigned bytes = min(PIECE, len - k * PIECE) * 16;
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%%0], %%1;" :: "r"(smem(&bars[k])), "r"(bytes) : "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];"
-                   :: "r"(smem(&buf[k * PIECE])), "l"(x + base + k * PIECE), "r"(bytes), "r"(smem(&bars[k])) : "memory");
-    }
+    if (row < rows) load_pieces(buf, bars, x, (long long)row * row_vecs + first, len, 0, pieces);
   }
   __syncthreads();
-  float m = -INFINITY, s = 0.f;
-  for (int k = 0; k < pieces; ++k) {
-    unsigned done;
-    do {
-      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], 0; selp.u32 %%0, 1, 0, p; }"
-                   : "=r"(done) : "r"(smem(&bars[k])) : "memory");
-    } while (!done);
-    const int j = k * PIECE + threadIdx.x;
-    if (j < len) {
-      float f[EPV];
-      unpack<DT>(buf[j], f);
-      float mv = f[0];
+  for (unsigned parity = 0; row < rows; row += stride, parity ^= 1) {
+    const long long base = (long long)row * row_vecs + first;
+    const bool refill = row + stride < rows;
+    float m = -INFINITY, s = 0.f;
+    for (int k = 0; k < pieces; ++k) {
+      unsigned done;
+      do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
+                     : "=r"(done) : "r"(smem(&bars[k])), "r"(parity) : "memory");
+      } while (!done);
+      const int j = k * PIECE + threadIdx.x;
+      if (j < len) {
+        float f[EPV];
+        unpack<DT>(buf[j], f);
+        float mv = f[0];
 #pragma unroll
-      for (int e = 1; e < EPV; ++e) mv = fmaxf(mv, f[e]);
-      if (mv > m) { s *= ex2(m - mv); m = mv; }
+        for (int e = 1; e < EPV; ++e) mv = fmaxf(mv, f[e]);
+        if (mv > m) { s *= ex2(m - mv); m = mv; }
 #pragma unroll
-      for (int e = 0; e < EPV; ++e) s += ex2(f[e] - m);
+        for (int e = 0; e < EPV; ++e) s += ex2(f[e] - m);
+      }
     }
-  }
-  const float2 tot = row_total(m, s);
-  const float inv = 1.f / tot.y;
-#pragma unroll 2
-  for (int j = threadIdx.x; j < len; j += THREADS) {
-    float f[EPV];
-    unpack<DT>(buf[j], f);
+    const float2 tot = row_total(m, s);
+    const float inv = 1.f / tot.y;
+    for (int k = 0; k < pieces; ++k) {
+      const int j = k * PIECE + threadIdx.x;
+      if (j < len) {
+        float f[EPV];
+        unpack<DT>(buf[j], f);
 #pragma unroll
-    for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
-    uint4 v = pack<DT>(f);
-    asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
+        for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
+        uint4 v = pack<DT>(f);
+        asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y), "r"(v.z),
+                     "r"(v.w) : "memory");
+      }
+      if (refill) {
+        __syncthreads();  // every thread has read piece k: it may take the next row's
+        if (threadIdx.x == 0) load_pieces(buf, bars, x, base + (long long)stride * row_vecs, len, k, k + 1);
+      }
+    }
+    cluster_wait();  // the others have read this CTA's (max, sum): the next row may overwrite it
   }
-  cluster_wait();
 }
 """ % {"threads": THREADS, "piece": PIECE_VECS, "max_pieces": MAX_PIECES}
 
@@ -309,24 +338,39 @@ def _stream(device: torch.device) -> object:
     return cache[handle]
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension of a 2-D tensor that `unsupported` accepts."""
+def softmax(x: torch.Tensor, clusters: int | None = None) -> torch.Tensor:
+    """Softmax over the last dimension of a 2-D tensor that `unsupported` accepts, on a persistent grid
+    of as many clusters as the device holds at once (`clusters` overrides it: explorations only)."""
     from cuda.core import LaunchConfig, launch
 
     reason = unsupported(x)
     if reason is not None:
-        raise ValueError(f"softmax_cluster: {reason}")
+        raise (NotImplementedError if x.is_cuda and x.dtype in DTYPES else ValueError)(f"softmax_cluster: {reason}")
     rows, cols = x.shape
-    p = plan(rows, cols, x.element_size(), _sm_count(x.device))
+    p = plan(rows, cols, x.element_size(), torch.cuda.get_device_properties(x.device).multi_processor_count)
     y = torch.empty_like(x)
     if rows == 0:
         return y
-    config = LaunchConfig(grid=rows, cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
-    launch(_stream(x.device), config, _kernels(x.device.index)[x.dtype], np.uint64(x.data_ptr()),
-           np.uint64(y.data_ptr()), np.int32(p.row_vecs), np.int32(p.chunk_vecs))
+    kernel = _kernels(x.device.index)[x.dtype]
+    stream = _stream(x.device)
+    if clusters is None:
+        clusters = _resident_clusters(kernel, p.cluster, p.shared_bytes, stream)
+    config = LaunchConfig(grid=min(rows, clusters), cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
+    launch(stream, config, kernel, np.uint64(x.data_ptr()), np.uint64(y.data_ptr()), np.int32(rows),
+           np.int32(p.row_vecs), np.int32(p.chunk_vecs))
     return y
+
+
+_resident: dict[tuple, int] = {}
+
+
+def _resident_clusters(kernel: object, cluster: int, shared_bytes: int, stream: object) -> int:
+    """How many clusters of this shape the device runs at once (the occupancy calculator's answer,
+    which knows the registers, shared memory and GPC limits), cached per kernel and shape."""
+    from cuda.core import LaunchConfig
+
+    key = (id(kernel), cluster, shared_bytes)
+    if key not in _resident:
+        config = LaunchConfig(grid=1, cluster=cluster, block=THREADS, shmem_size=shared_bytes)
+        _resident[key] = max(1, kernel.occupancy.max_active_clusters(config, stream=stream))
+    return _resident[key]

@@ -176,7 +176,11 @@ def _e2e(e: dict) -> dict:
 
 def _gap(c: dict) -> str:
     g = c.get("gap")
-    return f"{g:+.1%}" if _ok(g) else "–"
+    if _ok(g):
+        return f"{g:+.1%}"
+    if c.get("not_applicable"):
+        return f"not applicable: {c['not_applicable']}"
+    return "no counters" if c.get("error") else "–"
 
 
 def _items(d: dict) -> list[tuple[str, str]]:

@@ -54,6 +54,23 @@ def test_cluster_bulk_matches_reference(mod, rows, cols, dtype):
     assert c.max_rel_err <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("rows,cols,dtype", [(1237, 16392, "bf16"), (433, 151936, "bf16"), (1000, 40000, "fp32"),
+                                             (2000, 32768, "fp16")])
+@pytest.mark.parametrize("clusters", [None, 1, 7])
+def test_cluster_rows_refill_shared_memory_across_many_rows(mod, rows, cols, dtype, clusters):
+    """More rows than clusters: each cluster refills its pieces with its next row while storing this one
+    (the default grid, as many clusters as fit at once; or 1 and 7 clusters, tens to hundreds of rows each)."""
+    from casebook.check import TOLERANCE, TORCH_DTYPES
+    from casebook.kernels import softmax_cluster
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters and bulk copies need Hopper")
+    x = (torch.randn(rows, cols, device="cuda") * 3).to(TORCH_DTYPES[dtype])
+    ref = torch.softmax(x.double(), -1)
+    y = softmax_cluster.softmax(x, clusters)
+    assert bool(torch.isfinite(y).all())
+    assert (torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref)).item() <= TOLERANCE[dtype]
+
+
 def test_barriers_are_at_rest_after_many_launches(mod):
     """Every launch leaves each row's arrival count at 0 and moves its generation by exactly one."""
     x = torch.randn(300, 40000, device="cuda")
