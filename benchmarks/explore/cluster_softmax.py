@@ -456,36 +456,41 @@ def tail() -> None:
 
 
 def persist() -> None:
-    """The persistent schedule against one row per cluster (module docstring, `--persist`): correctness
-    at shapes with more rows than resident clusters, then times."""
+    """The persistent schedules against one row per cluster and the exploration's own bulk kernel (module
+    docstring, `--persist`): correctness at shapes with more rows than resident clusters, then times."""
     import torch
 
     from casebook.bench import Protocol, time_fn
     from casebook.kernels import softmax_cluster
 
     torch.manual_seed(0)
+    schedules = {"counter": {}, "dealt": {"dealt": True}, "row per cluster": {"clusters": 1 << 30}}
     for rows, cols, dtype in ((1000, 32768, torch.bfloat16), (777, 65536 + 8, torch.bfloat16),
                               (2000, 16384 + 4, torch.float32), (300, 262144, torch.float16), (1, 32768, torch.bfloat16)):
         x = (torch.randn(rows, cols, device="cuda") * 4).to(dtype)
         ref = torch.softmax(x.double(), -1)
-        for label, clusters in (("persistent", None), ("row per cluster", rows)):
-            y = softmax_cluster.softmax(x, clusters)
+        for label, kw in schedules.items():
+            for _ in range(3):  # the counter must be at rest after every launch
+                y = softmax_cluster.softmax(x, **kw)
             err = ((y.double() - ref).abs() / ref.abs().clamp_min(torch.finfo(dtype).tiny)).max().item()
             good = bool(torch.isfinite(y).all()) and err < {torch.float32: 1e-5}.get(dtype, 1e-2)
             print(f"check {rows}x{cols} {dtype} {label}: max rel err {err:.2e} {'ok' if good else 'WRONG'}", flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for rows, cols in ((4096, 32768), (8192, 32768), (3960, 32768), (4096, 65536), (8192, 65536),
-                       (2048, 131072), (1024, 262144)):
+    shapes = ((4096, 32768), (8192, 32768), (4096, 65536), (8192, 65536), (2048, 131072), (1024, 262144))
+    bulk = {cols: ("bulk", max(1, cols // 32768), 512, 1, 8) for _, cols in shapes}
+    ks = _Kernels(sorted({name("bf16", cfg) for cfg in bulk.values()}))
+    for rows, cols in shapes:
         x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
         y = torch.empty_like(x)
         nbytes = 2 * x.numel() * 2
         p = softmax_cluster.plan(rows, cols, 2, sms)
-        runs = {"copy": lambda: y.copy_(x), "persistent": lambda: softmax_cluster.softmax(x),
-                "row per cluster": lambda: softmax_cluster.softmax(x, rows)}
+        resident = softmax_cluster.resident_clusters(x.device, x.dtype, p)
+        runs = {"copy": lambda: y.copy_(x), "bulk (call 3)": lambda: softmax(ks, x, bulk[cols], out=y)}
+        runs |= {label: lambda kw=kw: softmax_cluster.softmax(x, **kw) for label, kw in schedules.items()}
         for label, fn in runs.items():
             s = time_fn(fn, "cuda", Protocol()).summary
-            print(f"{rows}x{cols} C={p.cluster} {label:16s} {s.median_us:8.1f} us  {nbytes / s.median_us / 1e6:5.2f} TB/s",
-                  flush=True)
+            print(f"{rows}x{cols} C={p.cluster} resident {resident:3d} {label:16s} {s.median_us:8.1f} us  "
+                  f"{nbytes / s.median_us / 1e6:5.2f} TB/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -122,11 +122,14 @@ __device__ __forceinline__ void warp_merge(float& m, float& s) {
   for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
 }
 
-// The row's (max, sum): the warp, the CTA, then every CTA of the cluster between two barriers.
-// The caller's last act must be cluster_wait(): no CTA leaves while another may read its pair.
-__device__ __forceinline__ float2 row_total(float m, float s) {
+// The row's (max, sum): the warp, the CTA, then every CTA of the cluster between two barriers; and `next`,
+// the cluster's next row, as thread 0 of the cluster's first CTA offers it in `ticket`. The caller's last
+// act must be cluster_wait(): no CTA overwrites its offer, or leaves, while another may read it.
+__device__ __forceinline__ float2 row_total(float m, float s, int ticket, int& next) {
   __shared__ float2 red[THREADS / 32];
-  __shared__ float2 mine, total;
+  __shared__ uint4 mine;  // (max, sum, ticket) of this CTA, read by the others
+  __shared__ float2 total;
+  __shared__ int next_row;
   warp_merge(m, s);
   const int warp = threadIdx.x / 32, lane = threadIdx.x %% 32;
   if (lane == 0) red[warp] = make_float2(m, s);
@@ -134,22 +137,25 @@ __device__ __forceinline__ float2 row_total(float m, float s) {
   if (warp == 0) {
     float2 p = lane < THREADS / 32 ? red[lane] : make_float2(-INFINITY, 0.f);
     warp_merge(p.x, p.y);
-    if (lane == 0) mine = p;
+    if (lane == 0) mine = make_uint4(__float_as_uint(p.x), __float_as_uint(p.y), ticket, 0);
   }
   cluster_arrive(true);
   cluster_wait();
   if (warp == 0) {
-    float2 p = make_float2(-INFINITY, 0.f);
+    uint4 o = make_uint4(__float_as_uint(-INFINITY), 0, 0, 0);
     if (lane < (int)cluster_size()) {
       unsigned remote;
       asm volatile("mapa.shared::cluster.u32 %%0, %%1, %%2;" : "=r"(remote) : "r"(smem(&mine)), "r"(lane));
-      asm volatile("ld.shared::cluster.v2.f32 {%%0, %%1}, [%%2];" : "=f"(p.x), "=f"(p.y) : "r"(remote) : "memory");
+      asm volatile("ld.shared::cluster.v4.u32 {%%0, %%1, %%2, %%3}, [%%4];" : "=r"(o.x), "=r"(o.y), "=r"(o.z), "=r"(o.w)
+                   : "r"(remote) : "memory");
     }
+    float2 p = make_float2(__uint_as_float(o.x), __uint_as_float(o.y));
     warp_merge(p.x, p.y);
-    if (lane == 0) total = p;
+    if (lane == 0) { total = p; next_row = (int)o.z; }  // lane 0 read the first CTA's offer
   }
   __syncthreads();
-  cluster_arrive(false);  // this CTA has read the others' pairs
+  cluster_arrive(false);  // this CTA has read the others' offers
+  next = next_row;
   return total;
 }
 
@@ -165,20 +171,25 @@ __device__ __forceinline__ void load_pieces(uint4* buf, unsigned long long* bars
   }
 }
 
-// Persistent: cluster c takes rows c, c + clusters, ... . This CTA's chunk is vectors [rank * chunk_vecs,
-// +chunk_vecs) of each. While a row's pieces are normalised and stored, each piece's shared memory is
-// refilled at once with the same piece of the cluster's next row, so the loads of row i + 1 are in flight
-// while row i drains: the SM's memory pipe never empties between rows.
+// Persistent: cluster c starts on row c, then takes the next row from a counter (`tickets[0]`, counting
+// from the grid's clusters), so a cluster that finishes early takes more rows, as a grid of one row per
+// cluster would be balanced by the hardware. `tickets[1]` counts the clusters done; the last one sets both
+// back to 0, so the counter is at rest between launches. Without `tickets` (null), the rows are dealt out
+// in turn: c, c + clusters, ... This CTA's chunk is vectors [rank * chunk_vecs, +chunk_vecs) of each row.
+// While a row is normalised and stored, two pieces at a time, each pair's shared memory is refilled at
+// once with the same pieces of the cluster's next row: the next row's loads are in flight while this
+// row's stores drain.
 template <int DT>
 __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict__ x, uint4* __restrict__ y,
-                                                        int rows, int row_vecs, int chunk_vecs) {
+                                                        int rows, int row_vecs, int chunk_vecs, unsigned* tickets) {
   constexpr int EPV = DT == 0 ? 4 : 8;
   extern __shared__ __align__(128) uint4 buf[];
   __shared__ __align__(8) unsigned long long bars[MAX_PIECES];
   const int first = cluster_rank() * chunk_vecs;
   const int len = max(0, min(chunk_vecs, row_vecs - first));
   const int pieces = (len + PIECE - 1) / PIECE;
-  const int stride = cluster_count();
+  const int clusters = cluster_count();
+  const bool dealer = threadIdx.x == 0 && cluster_rank() == 0;  // takes the cluster's tickets
   int row = cluster_index();
   if (threadIdx.x == 0) {
     for (int k = 0; k < pieces; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%%0], 1;" :: "r"(smem(&bars[k])));
@@ -186,9 +197,10 @@ __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict_
     if (row < rows) load_pieces(buf, bars, x, (long long)row * row_vecs + first, len, 0, pieces);
   }
   __syncthreads();
-  for (unsigned parity = 0; row < rows; row += stride, parity ^= 1) {
+  for (unsigned parity = 0; row < rows; parity ^= 1) {
     const long long base = (long long)row * row_vecs + first;
-    const bool refill = row + stride < rows;
+    int ticket = 0;
+    if (dealer) ticket = tickets ? clusters + (int)atomicAdd(&tickets[0], 1u) : row + clusters;  // lands while the row does
     float m = -INFINITY, s = 0.f;
     for (int k = 0; k < pieces; ++k) {
       unsigned done;
@@ -208,25 +220,39 @@ __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict_
         for (int e = 0; e < EPV; ++e) s += ex2(f[e] - m);
       }
     }
-    const float2 tot = row_total(m, s);
+    int next;
+    const float2 tot = row_total(m, s, ticket, next);
     const float inv = 1.f / tot.y;
-    for (int k = 0; k < pieces; ++k) {
-      const int j = k * PIECE + threadIdx.x;
-      if (j < len) {
-        float f[EPV];
-        unpack<DT>(buf[j], f);
+    const bool refill = next < rows;
+    for (int k = 0; k < pieces; k += 2) {
 #pragma unroll
-        for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
-        uint4 v = pack<DT>(f);
-        asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y), "r"(v.z),
-                     "r"(v.w) : "memory");
+      for (int kk = k; kk < k + 2; ++kk) {
+        const int j = kk * PIECE + threadIdx.x;
+        if (j < len) {
+          float f[EPV];
+          unpack<DT>(buf[j], f);
+#pragma unroll
+          for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
+          uint4 v = pack<DT>(f);
+          asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y),
+                       "r"(v.z), "r"(v.w) : "memory");
+        }
       }
       if (refill) {
-        __syncthreads();  // every thread has read piece k: it may take the next row's
-        if (threadIdx.x == 0) load_pieces(buf, bars, x, base + (long long)stride * row_vecs, len, k, k + 1);
+        __syncthreads();  // every thread has read pieces k, k + 1: they may take the next row's
+        if (threadIdx.x == 0)
+          load_pieces(buf, bars, x, (long long)next * row_vecs + first, len, k, min(k + 2, pieces));
       }
     }
-    cluster_wait();  // the others have read this CTA's (max, sum): the next row may overwrite it
+    cluster_wait();  // the others have read this CTA's offer: the next row may overwrite it
+    row = next;
+  }
+  if (dealer && tickets) {  // every ticket this cluster takes is taken: the last cluster done resets the counter
+    __threadfence();
+    if (atomicAdd(&tickets[1], 1u) == (unsigned)clusters - 1) {
+      atomicExch(&tickets[0], 0u);
+      atomicExch(&tickets[1], 0u);
+    }
   }
 }
 """ % {"threads": THREADS, "piece": PIECE_VECS, "max_pieces": MAX_PIECES}
@@ -338,9 +364,10 @@ def _stream(device: torch.device) -> object:
     return cache[handle]
 
 
-def softmax(x: torch.Tensor, clusters: int | None = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, clusters: int | None = None, dealt: bool = False) -> torch.Tensor:
     """Softmax over the last dimension of a 2-D tensor that `unsupported` accepts, on a persistent grid
-    of as many clusters as the device holds at once (`clusters` overrides it: explorations only)."""
+    of as many clusters as the device holds at once, each taking its next row from a counter. For
+    explorations: `clusters` overrides the grid, `dealt` deals the rows out in turn instead."""
     from cuda.core import LaunchConfig, launch
 
     reason = unsupported(x)
@@ -354,23 +381,37 @@ def softmax(x: torch.Tensor, clusters: int | None = None) -> torch.Tensor:
     kernel = _kernels(x.device.index)[x.dtype]
     stream = _stream(x.device)
     if clusters is None:
-        clusters = _resident_clusters(kernel, p.cluster, p.shared_bytes, stream)
+        clusters = resident_clusters(x.device, x.dtype, p)
+    tickets = 0 if dealt else _tickets(x.device).data_ptr()
     config = LaunchConfig(grid=min(rows, clusters), cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
     launch(stream, config, kernel, np.uint64(x.data_ptr()), np.uint64(y.data_ptr()), np.int32(rows),
-           np.int32(p.row_vecs), np.int32(p.chunk_vecs))
+           np.int32(p.row_vecs), np.int32(p.chunk_vecs), np.uint64(tickets))
     return y
+
+
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    """The row counter and the clusters-done count, zeroed once and left at zero by every launch; one pair
+    per stream, so that launches on two streams never share one."""
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _counters:
+        _counters[key] = torch.zeros(2, device=device, dtype=torch.int32)
+    return _counters[key]
 
 
 _resident: dict[tuple, int] = {}
 
 
-def _resident_clusters(kernel: object, cluster: int, shared_bytes: int, stream: object) -> int:
-    """How many clusters of this shape the device runs at once (the occupancy calculator's answer,
-    which knows the registers, shared memory and GPC limits), cached per kernel and shape."""
+def resident_clusters(device: torch.device, dtype: torch.dtype, p: Plan) -> int:
+    """How many clusters of plan `p` the device runs at once (the occupancy calculator's answer, which
+    knows the registers, shared memory and GPC limits), cached per device, dtype and plan."""
     from cuda.core import LaunchConfig
 
-    key = (id(kernel), cluster, shared_bytes)
+    key = (device.index, dtype, p.cluster, p.shared_bytes)
     if key not in _resident:
-        config = LaunchConfig(grid=1, cluster=cluster, block=THREADS, shmem_size=shared_bytes)
-        _resident[key] = max(1, kernel.occupancy.max_active_clusters(config, stream=stream))
+        config = LaunchConfig(grid=1, cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
+        kernel = _kernels(device.index)[dtype]
+        _resident[key] = max(1, kernel.occupancy.max_active_clusters(config, stream=_stream(device)))
     return _resident[key]
