@@ -16,20 +16,21 @@ The kernel (`SOURCE`):
 - **Plan** (`plan`). A row goes to a cluster of C CTAs, each a chunk of at most 64 KB, so three CTAs
   fit one SM's 227 KB of shared memory; C doubles while the rows are too few to give every SM two
   CTAs and the chunks stay 8 KB or more. At most 16 CTAs (past the portable 8: the kernel opts in).
-- **Persistent.** The grid holds as many clusters as the device runs at once (the occupancy
-  calculator's count); cluster c takes rows c, c + clusters, ... A grid of one row per cluster pays a
-  fill and a drain for every CTA it starts (benchmarks/explore/cluster_softmax.py `--tail`: 9.8 us per
-  launch against a copy's 2.8, at 4096 x 32768 bf16 2% of the time).
+- **Schedule** (`PERSISTENT_FROM`). Clusters of one or two CTAs run one row each, launched by the
+  hardware into freed slots. Larger clusters run persistent: as many as the device holds at once (the
+  occupancy calculator's count), each starting on its own row and taking the next from a counter.
+  Rows dealt out in turn instead (c, c + clusters, ...) left the launch as long as its slowest cluster's
+  rows (4096 x 32768: 3.58 TB/s, one row per cluster 3.72).
 - **Load.** One thread issues the chunk's bulk copies (cp.async.bulk, the TMA's 1-D form) at once, in
   8 KB pieces, each signalling its own mbarrier, so the 512 threads reduce a piece (online max and sum
   of 2^(x log2 e - max)) as soon as it lands.
 - **Exchange.** Warp shuffles, then the CTA through shared memory, then the cluster: warp 0 reads every
   CTA's (max, sum) from its shared memory (mapa + ld.shared::cluster) between two cluster barriers.
-- **Store.** Each thread normalises a piece from shared memory and writes 16-byte vectors,
-  evict-first; as soon as every thread has read the piece, its shared memory takes the same piece of
-  the cluster's next row, so the next row's loads are in flight while this row's stores drain.
-  Each row ends in the second barrier's wait, so no CTA overwrites its pair, or leaves, while another
-  may still read it.
+- **Store.** Each thread normalises from shared memory and writes 16-byte vectors, evict-first. In a
+  persistent cluster, pieces go two at a time, and as soon as every thread has read a pair its shared
+  memory takes the same pieces of the cluster's next row, so the next row's loads are in flight while
+  this row's stores drain. Each row ends in the second barrier's wait, so no CTA overwrites what it
+  offered, or leaves, while another may still read it.
 One read and one write of the tensor, like every fused variant.
 
 Applies (`unsupported`): a CUDA device of compute capability 9.0 or higher (elsewhere `softmax` raises
@@ -223,25 +224,25 @@ __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict_
     int next;
     const float2 tot = row_total(m, s, ticket, next);
     const float inv = 1.f / tot.y;
-    const bool refill = next < rows;
-    for (int k = 0; k < pieces; k += 2) {
+    const auto store = [&](int j) {  // normalise vector j of the chunk and write it, evict-first
+      float f[EPV];
+      unpack<DT>(buf[j], f);
 #pragma unroll
-      for (int kk = k; kk < k + 2; ++kk) {
-        const int j = kk * PIECE + threadIdx.x;
-        if (j < len) {
-          float f[EPV];
-          unpack<DT>(buf[j], f);
+      for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
+      const uint4 v = pack<DT>(f);
+      asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y), "r"(v.z),
+                   "r"(v.w) : "memory");
+    };
+    if (next >= rows) {  // the cluster's last row: nothing to refill, no barrier between pieces
+#pragma unroll 2
+      for (int j = threadIdx.x; j < len; j += THREADS) store(j);
+    } else {
+      for (int k = 0; k < pieces; k += 2) {
 #pragma unroll
-          for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
-          uint4 v = pack<DT>(f);
-          asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y),
-                       "r"(v.z), "r"(v.w) : "memory");
-        }
-      }
-      if (refill) {
+        for (int j = k * PIECE + threadIdx.x; j < min(k + 2, pieces) * PIECE; j += PIECE)
+          if (j < len) store(j);
         __syncthreads();  // every thread has read pieces k, k + 1: they may take the next row's
-        if (threadIdx.x == 0)
-          load_pieces(buf, bars, x, (long long)next * row_vecs + first, len, k, min(k + 2, pieces));
+        if (threadIdx.x == 0) load_pieces(buf, bars, x, (long long)next * row_vecs + first, len, k, min(k + 2, pieces));
       }
     }
     cluster_wait();  // the others have read this CTA's offer: the next row may overwrite it
@@ -364,10 +365,20 @@ def _stream(device: torch.device) -> object:
     return cache[handle]
 
 
-def softmax(x: torch.Tensor, clusters: int | None = None, dealt: bool = False) -> torch.Tensor:
-    """Softmax over the last dimension of a 2-D tensor that `unsupported` accepts, on a persistent grid
-    of as many clusters as the device holds at once, each taking its next row from a counter. For
-    explorations: `clusters` overrides the grid, `dealt` deals the rows out in turn instead."""
+PERSISTENT_FROM = 4
+"""Clusters of this many CTAs or more run persistent; smaller ones one row per cluster. Measured on an
+H200 (notes/h200-2026-12-01h/call2-counter/, bf16, TB/s, one row per cluster against persistent with the
+counter): 4096 x 32768 (1 CTA) 3.79 / 3.72, 4096 x 65536 (2) 3.91 / 3.84, 2048 x 131072 (4) 3.64 / 3.73,
+1024 x 262144 (8) 3.50 / 3.65. The hardware launches small clusters into freed slots at no cost, and the
+persistent loop's barrier between stored pieces costs ~2%; a cluster of 4 or 8 CTAs waits for as many
+slots to free at once, and the persistent grid pays that once."""
+
+
+def softmax(x: torch.Tensor, persistent: bool | None = None, clusters: int | None = None) -> torch.Tensor:
+    """Softmax over the last dimension of a 2-D tensor that `unsupported` accepts. Persistent (the default
+    from PERSISTENT_FROM CTAs a cluster): as many clusters as the device holds at once, each taking its
+    next row from a counter; otherwise one row per cluster. `clusters` overrides the persistent grid
+    (tests and explorations)."""
     from cuda.core import LaunchConfig, launch
 
     reason = unsupported(x)
@@ -380,10 +391,13 @@ def softmax(x: torch.Tensor, clusters: int | None = None, dealt: bool = False) -
         return y
     kernel = _kernels(x.device.index)[x.dtype]
     stream = _stream(x.device)
-    if clusters is None:
-        clusters = resident_clusters(x.device, x.dtype, p)
-    tickets = 0 if dealt else _tickets(x.device).data_ptr()
-    config = LaunchConfig(grid=min(rows, clusters), cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
+    if persistent is None:
+        persistent = p.cluster >= PERSISTENT_FROM
+    if persistent:  # the counter deals the rows
+        grid, tickets = min(rows, clusters or resident_clusters(x.device, x.dtype, p)), _tickets(x.device).data_ptr()
+    else:  # no counter: rows dealt out in turn over a grid of one cluster a row
+        grid, tickets = rows, 0
+    config = LaunchConfig(grid=grid, cluster=p.cluster, block=THREADS, shmem_size=p.shared_bytes)
     launch(stream, config, kernel, np.uint64(x.data_ptr()), np.uint64(y.data_ptr()), np.int32(rows),
            np.int32(p.row_vecs), np.int32(p.chunk_vecs), np.uint64(tickets))
     return y

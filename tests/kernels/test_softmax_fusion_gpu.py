@@ -56,11 +56,11 @@ def test_cluster_bulk_matches_reference(mod, rows, cols, dtype):
 
 @pytest.mark.parametrize("rows,cols,dtype", [(1237, 16392, "bf16"), (433, 151936, "bf16"), (1000, 40000, "fp32"),
                                              (2000, 32768, "fp16")])
-@pytest.mark.parametrize("clusters", [None, 1, 7])
-def test_cluster_rows_refill_shared_memory_across_many_rows(mod, rows, cols, dtype, clusters):
+@pytest.mark.parametrize("persistent,clusters", [(True, None), (True, 1), (True, 7), (False, None)])
+def test_cluster_rows_refill_shared_memory_across_many_rows(mod, rows, cols, dtype, persistent, clusters):
     """More rows than clusters: each cluster takes its next row from the counter and refills its pieces with
     it while storing this one (the default grid, as many clusters as fit at once; or 1 and 7 clusters, tens
-    to hundreds of rows each), and leaves the counter at rest."""
+    to hundreds of rows each), and leaves the counter at rest; and the same shapes one row per cluster."""
     from casebook.check import TOLERANCE, TORCH_DTYPES
     from casebook.kernels import softmax_cluster
     if torch.cuda.get_device_capability() < (9, 0):
@@ -68,7 +68,7 @@ def test_cluster_rows_refill_shared_memory_across_many_rows(mod, rows, cols, dty
     x = (torch.randn(rows, cols, device="cuda") * 3).to(TORCH_DTYPES[dtype])
     ref = torch.softmax(x.double(), -1)
     for _ in range(2):
-        y = softmax_cluster.softmax(x, clusters)
+        y = softmax_cluster.softmax(x, persistent, clusters)
     assert softmax_cluster._tickets(x.device).tolist() == [0, 0]
     assert bool(torch.isfinite(y).all())
     assert (torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref)).item() <= TOLERANCE[dtype]
