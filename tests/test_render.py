@@ -353,3 +353,10 @@ def test_the_hardware_page_gives_each_ceilings_range_over_the_stored_results():
     assert rows["copy bandwidth"]["spread"] == "–", "within 0.5%: one ceiling, not a range"
     assert rows["kernel launch"]["spread"] == "–", "the same in every result"
     assert _ceiling_rows(hw(782.0, 4270.0), [hw(782.0, 4270.0)])[1]["spread"] == "–", "one result: no range"
+
+
+def test_a_counters_row_says_why_it_has_no_gap():
+    from casebook.render.views import _gap
+    assert _gap({"gap": 0.052}) == "+5.2%"
+    assert _gap({"not_applicable": "holds at most 32768 columns"}) == "not applicable: holds at most 32768 columns"
+    assert _gap({"error": "ncu timed out"}) == "no counters"
