@@ -23,14 +23,19 @@ The kernel (`SOURCE`):
   rows (4096 x 32768: 3.58 TB/s, one row per cluster 3.72).
 - **Load.** One thread issues the chunk's bulk copies (cp.async.bulk, the TMA's 1-D form) at once, in
   8 KB pieces, each signalling its own mbarrier, so the 512 threads reduce a piece (online max and sum
-  of 2^(x log2 e - max)) as soon as it lands.
+  of 2^(x log2 e - max)) as soon as it lands, each leaving its exponentials in shared memory in place of
+  the elements, in their dtype, with the running max they were taken against (one register a piece).
 - **Exchange.** Warp shuffles, then the CTA through shared memory, then the cluster: warp 0 reads every
   CTA's (max, sum) from its shared memory (mapa + ld.shared::cluster) between two cluster barriers.
-- **Store.** Each thread normalises from shared memory and writes 16-byte vectors, evict-first. In a
-  persistent cluster, pieces go two at a time, and as soon as every thread has read a pair its shared
-  memory takes the same pieces of the cluster's next row, so the next row's loads are in flight while
-  this row's stores drain. Each row ends in the second barrier's wait, so no CTA overwrites what it
-  offered, or leaves, while another may still read it.
+- **Store.** Each thread scales its stored exponentials by one factor a piece (2^(max then - row max) /
+  sum) and writes 16-byte vectors, evict-first: one ex2 an element in all, where normalising from the
+  elements took a second (by count, two ex2 an element at MUFU's 16 a clock per SM are ~64 us of the
+  ~140 at 4096 x 32768 bf16), for one more rounding to the dtype (bf16: worst element 7.7e-3 against
+  3.9e-3 in a model of it on the CPU; normwise error unchanged). In a persistent cluster, pieces go two
+  at a time, and as soon as every thread has read a pair its shared memory takes the same pieces of the
+  cluster's next row, so the next row's loads are in flight while this row's stores drain. Each row ends
+  in the second barrier's wait, so no CTA overwrites what it offered, or leaves, while another may
+  still read it.
 One read and one write of the tensor, like every fused variant.
 
 Applies (`unsupported`): a CUDA device of compute capability 9.0 or higher (elsewhere `softmax` raises
@@ -83,21 +88,21 @@ __device__ __forceinline__ void cluster_arrive(bool release) {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// Element k of a 16-byte vector, times log2(e). DT: 0 fp32, 1 bf16, 2 fp16.
+// The elements of a 16-byte vector as floats. DT: 0 fp32, 1 bf16, 2 fp16.
 template <int DT> __device__ __forceinline__ void unpack(uint4 r, float* f) {
   const unsigned w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     if constexpr (DT == 0) {
-      f[k] = __uint_as_float(w[k]) * LOG2E;
+      f[k] = __uint_as_float(w[k]);
     } else if constexpr (DT == 1) {
-      f[2 * k] = __uint_as_float(w[k] << 16) * LOG2E;
-      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u) * LOG2E;
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
     } else {
       float a, b;
       asm("{ .reg .b16 l, h; mov.b32 {l, h}, %%2; cvt.f32.f16 %%0, l; cvt.f32.f16 %%1, h; }" : "=f"(a), "=f"(b) : "r"(w[k]));
-      f[2 * k] = a * LOG2E;
-      f[2 * k + 1] = b * LOG2E;
+      f[2 * k] = a;
+      f[2 * k + 1] = b;
     }
   }
 }
@@ -176,13 +181,17 @@ __device__ __forceinline__ void load_pieces(uint4* buf, unsigned long long* bars
 // from the grid's clusters), so a cluster that finishes early takes more rows, as a grid of one row per
 // cluster would be balanced by the hardware. `tickets[1]` counts the clusters done; the last one sets both
 // back to 0, so the counter is at rest between launches. Without `tickets` (null), the rows are dealt out
-// in turn: c, c + clusters, ... This CTA's chunk is vectors [rank * chunk_vecs, +chunk_vecs) of each row.
-// While a row is normalised and stored, two pieces at a time, each pair's shared memory is refilled at
-// once with the same pieces of the cluster's next row: the next row's loads are in flight while this
-// row's stores drain.
+// in turn: c, c + clusters, ... This CTA's chunk is vectors [rank * chunk_vecs, +chunk_vecs) of each row;
+// thread t reduces and stores vector t of every piece.
+// The reduction leaves each element's exponential in shared memory, in place of the element, scaled by
+// the thread's running max when it was taken (`mk`, one per piece); the store pass then only multiplies
+// by one factor a piece: one ex2 an element in all, not two (the two passes' MUFU work was half the
+// kernel's time at 32K bf16 columns), for one more rounding to the input's dtype.
+// While a row is stored, two pieces at a time, each pair's shared memory is refilled at once with the same
+// pieces of the cluster's next row: the next row's loads are in flight while this row's stores drain.
 template <int DT>
-__global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict__ x, uint4* __restrict__ y,
-                                                        int rows, int row_vecs, int chunk_vecs, unsigned* tickets) {
+__global__ void __launch_bounds__(THREADS, 3) softmax_rows(const uint4* __restrict__ x, uint4* __restrict__ y,
+                                                           int rows, int row_vecs, int chunk_vecs, unsigned* tickets) {
   constexpr int EPV = DT == 0 ? 4 : 8;
   extern __shared__ __align__(128) uint4 buf[];
   __shared__ __align__(8) unsigned long long bars[MAX_PIECES];
@@ -202,8 +211,12 @@ __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict_
     const long long base = (long long)row * row_vecs + first;
     int ticket = 0;
     if (dealer) ticket = tickets ? clusters + (int)atomicAdd(&tickets[0], 1u) : row + clusters;  // lands while the row does
-    float m = -INFINITY, s = 0.f;
-    for (int k = 0; k < pieces; ++k) {
+    float m = -INFINITY, s = 0.f;  // log2-scaled running max, sum of 2^(x log2 e - m)
+    float mk[MAX_PIECES];          // m when piece k's exponentials were taken
+#pragma unroll
+    for (int k = 0; k < MAX_PIECES; ++k) {
+      mk[k] = -INFINITY;
+      if (k >= pieces) continue;
       unsigned done;
       do {
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%%1], %%2; selp.u32 %%0, 1, 0, p; }"
@@ -216,31 +229,45 @@ __global__ void __launch_bounds__(THREADS) softmax_rows(const uint4* __restrict_
         float mv = f[0];
 #pragma unroll
         for (int e = 1; e < EPV; ++e) mv = fmaxf(mv, f[e]);
+        mv *= LOG2E;
         if (mv > m) { s *= ex2(m - mv); m = mv; }
+        const float ref = m == -INFINITY ? 0.f : m;  // a thread with only -inf so far: its exponentials are 0
 #pragma unroll
-        for (int e = 0; e < EPV; ++e) s += ex2(f[e] - m);
+        for (int e = 0; e < EPV; ++e) {
+          f[e] = ex2(fmaf(f[e], LOG2E, -ref));
+          s += f[e];
+        }
+        buf[j] = pack<DT>(f);
+        mk[k] = m;
       }
     }
     int next;
     const float2 tot = row_total(m, s, ticket, next);
     const float inv = 1.f / tot.y;
-    const auto store = [&](int j) {  // normalise vector j of the chunk and write it, evict-first
+    const auto store = [&](int k) {  // scale vector k of the thread's pieces and write it, evict-first
+      const int j = k * PIECE + threadIdx.x;
+      if (j >= len) return;
+      const float c = ex2(mk[k] - tot.x) * inv;
       float f[EPV];
       unpack<DT>(buf[j], f);
 #pragma unroll
-      for (int e = 0; e < EPV; ++e) f[e] = ex2(f[e] - tot.x) * inv;
+      for (int e = 0; e < EPV; ++e) f[e] *= c;
       const uint4 v = pack<DT>(f);
       asm volatile("st.global.cs.v4.u32 [%%0], {%%1, %%2, %%3, %%4};" :: "l"(y + base + j), "r"(v.x), "r"(v.y), "r"(v.z),
                    "r"(v.w) : "memory");
     };
     if (next >= rows) {  // the cluster's last row: nothing to refill, no barrier between pieces
-#pragma unroll 2
-      for (int j = threadIdx.x; j < len; j += THREADS) store(j);
-    } else {
-      for (int k = 0; k < pieces; k += 2) {
 #pragma unroll
-        for (int j = k * PIECE + threadIdx.x; j < min(k + 2, pieces) * PIECE; j += PIECE)
-          if (j < len) store(j);
+      for (int k = 0; k < MAX_PIECES; ++k)
+        if (k < pieces) store(k);
+    } else {
+      // This thread's writes of the exponentials (generic proxy) before the bulk copies' (async proxy).
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < MAX_PIECES; k += 2) {
+        if (k >= pieces) break;
+        store(k);
+        if (k + 1 < pieces) store(k + 1);
         __syncthreads();  // every thread has read pieces k, k + 1: they may take the next row's
         if (threadIdx.x == 0) load_pieces(buf, bars, x, (long long)next * row_vecs + first, len, k, min(k + 2, pieces));
       }

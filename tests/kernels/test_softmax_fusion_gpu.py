@@ -74,6 +74,31 @@ def test_cluster_rows_refill_shared_memory_across_many_rows(mod, rows, cols, dty
     assert (torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref)).item() <= TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("persistent,clusters", [(True, 7), (False, None)])
+def test_cluster_rows_with_masked_pieces_and_rows_far_below_zero(dtype, persistent, clusters):
+    """Each thread takes its exponentials against its own running max and scales them once the row's is
+    known: pieces of -inf (a mask: threads with nothing yet), a row near -1000 (2^(m - M) must not
+    overflow), a row of -inf (NaN, as torch gives) and a row with one finite element stay right."""
+    from casebook.check import TOLERANCE, TORCH_DTYPES
+    from casebook.kernels import softmax_cluster
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread-block clusters and bulk copies need Hopper")
+    x = (torch.randn(300, 40000, device="cuda") * 3).to(TORCH_DTYPES[dtype])
+    x[:, :5000] = float("-inf")
+    x[1] -= 1000
+    x[2] = float("-inf")
+    x[3, :-1] = float("-inf")
+    ref = torch.softmax(x.double(), -1)
+    y = softmax_cluster.softmax(x, persistent, clusters)
+    assert bool(torch.isnan(y[2]).all())
+    keep = torch.arange(300, device="cuda") != 2
+    assert bool(torch.isfinite(y[keep]).all())
+    assert y[3, -1].item() == 1.0 and not bool(y[3, :-1].any())
+    err = torch.linalg.vector_norm(y[keep].double() - ref[keep]) / torch.linalg.vector_norm(ref[keep])
+    assert err.item() <= TOLERANCE[dtype]
+
+
 def test_barriers_are_at_rest_after_many_launches(mod):
     """Every launch leaves each row's arrival count at 0 and moves its generation by exactly one."""
     x = torch.randn(300, 40000, device="cuda")
