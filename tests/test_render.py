@@ -8,6 +8,7 @@ from dataclasses import replace
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from site_helpers import REPO, build_site, copy_cases, copy_results
@@ -292,15 +293,12 @@ def test_close_compute_ceilings_share_one_label():
 
 
 def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Path, plot_cache: Path):
-    cases = copy_cases(tmp_path / "cases")
-    results = copy_results(tmp_path / "results", cases)
-    stored = next(results.glob("nvidia-*/softmax_fusion.json"))
-    doc = json.loads(stored.read_text())
-    missed = next(c for c in doc["claims"] if c["text"].startswith("At least 3.8 TB/s"))
-    missed.update(held=False, detail="lowest 3771 GB/s at 4096x32768 bf16 (need 3800)")
-    stored.write_text(json.dumps(doc))
-    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
-    html = words((tmp_path / "site" / "browse" / "claims" / "index.html").read_text())
+    def fail_one_claim(doc: dict) -> None:
+        missed = next(c for c in doc["claims"] if c["text"].startswith("At least 3.8 TB/s"))
+        missed.update(held=False, detail="lowest 3771 GB/s at 4096x32768 bf16 (need 3800)")
+
+    built = site_with(tmp_path, plot_cache, fail_one_claim)
+    html = words((built / "browse" / "claims" / "index.html").read_text())
     open_part, held_part = html.split("Open: failed on a machine¶", 1)[1].split("Held¶", 1)
     # The claim this run failed, with the number that missed; one that held, below.
     assert "At least 3.8 TB/s at every bf16 shape from 1K to 64K columns." in open_part
@@ -309,18 +307,26 @@ def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Pa
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." not in open_part
 
 
-def softmax_page_with(tmp_path: Path, plot_cache: Path, **changes) -> str:
-    """The softmax case's page (raw HTML) built after `changes` to one timed triton_online point of its
-    stored H200 result."""
+def site_with(tmp_path: Path, plot_cache: Path, edit: Callable[[dict], None]) -> Path:
+    """The site built after `edit` changed a copy of the stored H200 softmax result."""
     cases = copy_cases(tmp_path / "cases")
     results = copy_results(tmp_path / "results", cases)
     stored = next(results.glob("nvidia-*/softmax_fusion.json"))
     doc = json.loads(stored.read_text())
-    point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
-    point.update(changes)
+    edit(doc)
     stored.write_text(json.dumps(doc))
     assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
-    return page(tmp_path / "site", "softmax_fusion")
+    return tmp_path / "site"
+
+
+def softmax_page_with(tmp_path: Path, plot_cache: Path, **changes) -> str:
+    """The softmax case's page (raw HTML) built after `changes` to one timed triton_online point of its
+    stored H200 result."""
+    def change_point(doc: dict) -> None:
+        point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
+        point.update(changes)
+
+    return page(site_with(tmp_path, plot_cache, change_point), "softmax_fusion")
 
 
 def test_an_autotuned_point_names_its_configuration_on_hover_escaped(tmp_path: Path, plot_cache: Path):
