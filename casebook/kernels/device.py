@@ -1,0 +1,68 @@
+"""Device helpers that every kernel module needs: the interpreter switch, device-side random inputs,
+the float64 reference's device, the SM count and the `torch.compile` rung.
+
+New kernel modules import these instead of copying them. (The softmax and GEMM modules keep their own
+copies until their stored H200 results are re-measured: a kernel module's hash is part of its result.)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+"""True when Triton kernels run in the interpreter (on CPU tensors): launchers pick tiny configs."""
+
+INTERPRETER_SMS = 3
+"""Programs of a persistent grid under the interpreter: small and odd, so loops wrap unevenly."""
+
+
+def on_device(generator: torch.Generator, device: str | torch.device) -> torch.Generator:
+    """A generator on `device` seeded from `generator`: large inputs are drawn where they live
+    (drawing gigabytes on the CPU and copying them takes seconds per check)."""
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def reference_device() -> torch.device:
+    """Where float64 references compute: a GPU when there is one, else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@functools.cache
+def _properties(index: int):
+    # torch looks the properties up on every call; they do not change while the process lives.
+    return torch.cuda.get_device_properties(index)
+
+
+def num_sms(t: torch.Tensor) -> int:
+    """Programs of a persistent grid: the SM count on a GPU, `INTERPRETER_SMS` elsewhere."""
+    if t.is_cuda:
+        return _properties(t.device.index or 0).multi_processor_count
+    return INTERPRETER_SMS
+
+
+def compiled(fn: Callable) -> Callable:
+    """`torch.compile(fn)`, compiled once per process, keeping every (shape, dtype) graph.
+
+    Each shape of a ladder is its own graph (`dynamic=False`, as a benchmark of one shape wants);
+    dynamo's default recompile limit (8) would fall back to eager past the eighth.
+    """
+
+    @functools.cache
+    def build():
+        import torch._dynamo as dynamo
+
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dynamo.config, knob):
+                setattr(dynamo.config, knob, 256)
+        return torch.compile(fn, dynamic=False)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return build()(*args, **kwargs)
+
+    return call

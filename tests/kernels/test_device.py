@@ -1,0 +1,29 @@
+"""The shared device helpers: seeded generators, the SM count off the GPU, the compile rung."""
+
+import torch
+
+from casebook.kernels import device
+
+
+def test_on_device_is_seeded_by_the_parent_generator():
+    a = device.on_device(torch.Generator().manual_seed(1), "cpu")
+    b = device.on_device(torch.Generator().manual_seed(1), "cpu")
+    c = device.on_device(torch.Generator().manual_seed(2), "cpu")
+    assert torch.equal(torch.randn(4, generator=a), torch.randn(4, generator=b))
+    assert not torch.equal(torch.randn(4, generator=device.on_device(torch.Generator().manual_seed(1), "cpu")),
+                           torch.randn(4, generator=c))
+
+
+def test_num_sms_off_the_gpu_is_the_interpreter_grid():
+    assert device.num_sms(torch.empty(1)) == device.INTERPRETER_SMS
+
+
+def test_compiled_keeps_the_function_and_builds_lazily():
+    calls = []
+
+    def double(x):
+        calls.append(1)
+        return x * 2
+
+    f = device.compiled(double)
+    assert f.__name__ == "double" and not calls  # nothing compiled at definition
