@@ -16,13 +16,14 @@ host's, as it would in a loop.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from casebook import interference
 from casebook.stats import Summary, median_stable, summarize
 
 
@@ -68,6 +69,9 @@ class Timing:
     """The host's time to issue one call (`host_issue_us`); 0 on a CPU."""
     slack_us: float = 0.0
     """The device-side delay each GPU repetition started behind."""
+    interference: dict = field(default_factory=dict)
+    """What else the machine did over the repetitions (`interference.Window`; on a GPU, its clocks and
+    other processes after them): raw readings, judged by `casebook.stability`."""
 
 
 def _sync(device: str) -> None:
@@ -150,6 +154,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
         sample, timer = _cuda_sampler(fn, protocol.cache == "cold", slack), "cuda events"
 
     times: list[float] = []
+    window = interference.Window()
     cap = time.perf_counter() + protocol.time_cap_s
     batch = protocol.min_reps
     while True:
@@ -159,7 +164,10 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
                        or time.perf_counter() > cap):
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    return Timing(summarize(times), timer, host_us, slack)
+    reading = window.close()
+    if device == "cuda":
+        reading["gpu"] = interference.gpu_state()
+    return Timing(summarize(times), timer, host_us, slack, reading)
 
 
 PIPELINED_CALLS = 20

@@ -46,6 +46,9 @@ def work(task: Task) -> dict:
     """Entry point in the child."""
     import torch
 
+    from casebook.hardware import cpu_threads
+
+    torch.set_num_threads(cpu_threads())  # explicit, and recorded with each point
     torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = task.dtype == "tf32"
     mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
@@ -103,7 +106,8 @@ def _point(task: Task, mod) -> dict:
     out.update(status="ok", median_us=s.median_us, median_ci_us=[s.ci_lo_us, s.ci_hi_us], p10_us=s.p10_us,
                p90_us=s.p90_us, cv=s.cv, repetitions=s.repetitions, first_call_s=first_call[0],
                timer=timing.timer, flops=traffic.flops, bytes=traffic.bytes,
-               traffic_terms=traffic.as_dict()["terms"], launches=launches)
+               traffic_terms=traffic.as_dict()["terms"], launches=launches,
+               threads=_threads(), interference=timing.interference)
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
                   launch_us=task.roofs["launch_us"])
     n_launch = launch_count(launches, task.roofs)
@@ -118,6 +122,12 @@ def _point(task: Task, mod) -> dict:
                attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
                bandwidth_roof_gbps=roofs.bandwidth_gbps)
     return out
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _timed(task: Task, fn, protocol, make_inputs) -> tuple:

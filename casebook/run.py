@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from casebook import claims as claims_mod
-from casebook import hardware
+from casebook import hardware, interference, stability
 from casebook.bench import CPU, QUICK, Protocol
 from casebook.check import TOLERANCE
 from casebook.isolate import run_isolated
@@ -102,7 +102,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
            "started": _now(), "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(),
            "env": hardware.environment()}
-    run["env"]["clocks_start"] = hardware.clocks()
+    run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
+                      cpu_threads=hardware.cpu_threads())
     protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
@@ -183,6 +184,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         for task, p in pairs:
             point = {"variant": name, "shape": task.shape, "dtype": task.dtype, **p}
             point.pop("traceback", None)
+            if task.kind == "point" and (unstable := stability.reasons(point, task.device)):
+                point["unstable"] = unstable
             if task.kind == "end_to_end":
                 e2e_runs[name] = p
             elif task.level == "kernel":
@@ -196,7 +199,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
     workload = {"dtype": case.levels.workload.dtype, "description": case.levels.workload.description,
                 "points": workload_points, "summary": _workload_summary(workload_points, case.kernel.baseline)}
     e2e = _end_to_end(case, e2e_runs, on_gpu)
-    env = {**run["env"], "clocks_end": hardware.clocks()}
+    env = {**run["env"], "clocks_end": hardware.clocks(), "load_average_end": interference.load_average()}
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
                     "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
@@ -235,6 +238,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "workload_level": workload,
         "end_to_end": e2e,
         "counters": [],
+        "stability": stability.summary(kernel_points + workload_points),
         "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e, _paired(run)),
     }
 

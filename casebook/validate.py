@@ -333,6 +333,13 @@ def unpublishable(case: Case, doc: dict) -> list[str]:
         shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
         why.append(f"records {len(bad)} failed point(s), first {p.get('variant')} {shape} {p.get('dtype')}: "
                    f"{p.get('status')}: {p.get('error')}; fix the variant (or its traffic model) and run again")
+    unstable = [p for p in points if isinstance(p, dict) and p.get("unstable")]
+    if unstable:
+        p = unstable[0]
+        shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
+        why.append(f"records {len(unstable)} unstable point(s) (timed on a busy machine, or too scattered), first "
+                   f"{p.get('variant')} {shape} {p.get('dtype')}: {'; '.join(p['unstable'])}; run it again on a quiet "
+                   "machine")
     e2e = doc.get("end_to_end") or {}
     if e2e.get("status") == "failed":
         why.append(f"records a failed end-to-end scenario: {e2e.get('error')}")

@@ -94,7 +94,7 @@ def _points_table(title: str, points: list[dict], weighted: bool = False) -> Tab
                   _fmt(p.get("gbps"), ".0f"), _fmt(p.get("tflops"), ".2f"),
                   _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".0f"), _regime(p),
                   _fmt(p.get("speedup"), ".2f"), _fmt(p.get("max_rel_err"), ".1e"),
-                  f"[{STATUS_STYLE.get(status, '')}]{status}[/]",
+                  f"[{STATUS_STYLE.get(status, '')}]{status}[/]" + (" [yellow]unstable[/]" if p.get("unstable") else ""),
                   *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
     return t
 
@@ -141,7 +141,25 @@ def report(doc: dict) -> None:
             c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], f"{r['modelled_bytes'] / 1e6:.1f}",
                       f"{r['measured_bytes'] / 1e6:.1f}", f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
         out.print(c)
+    _stability(doc)
     out.print("[bold]Claims[/bold]")
     for c in doc["claims"]:
         mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c["held"]]
         out.print(f"  {mark}  {c['text']}  [dim]{c['detail']}[/]", highlight=False)
+
+
+def _stability(doc: dict) -> None:
+    """How quiet the machine was: the count of unstable points, each with its reason."""
+    st, env = doc.get("stability") or {}, doc["environment"]
+    loads = " -> ".join(f"{la[0]:.2f}" for la in (env.get("load_average_start"), env.get("load_average_end")) if la)
+    busiest = (f"; other processes at most {st['other_cores_max']:.2f} cores" if st.get("other_cores_max") is not None
+               else "")
+    head = (f"[bold]Stability[/bold] {st.get('unstable', 0)} of {st.get('points', 0)} timed points unstable; "
+            f"{env.get('cpu_threads')} CPU threads; load average {loads or '-'}{busiest}")
+    out.print(head, highlight=False)
+    points = doc["kernel_level"] + doc["workload_level"]["points"]
+    for p in (p for p in points if p.get("unstable")):
+        out.print(f"  [yellow]unstable[/]  {p['variant']} {shape_label(p['shape'])} {p['dtype']}: "
+                  + "; ".join(p["unstable"]), highlight=False)
+    if st.get("unstable"):
+        out.print("  `casebook check` will not publish this result: run it again on a quiet machine", highlight=False)
