@@ -93,14 +93,29 @@ def run(
     quick: Annotated[bool, typer.Option(help="Fewer repetitions: a smoke run, not a result to publish.")] = False,
     counters: Annotated[bool, typer.Option(help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result document.")] = False,
-    results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
+    results: Annotated[Path, typer.Option(help="The stored results: compared with, and written by --save.")] = Path("results"),
     timeout: Annotated[float, typer.Option(help="Seconds each variant's child process may run.")] = 600.0,
+    save: Annotated[bool, typer.Option("--save", help="Also store the run in results/<hardware>/<case>.json.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="With --save: replace a current stored result even with a slower or noisier run.")] = False,
 ) -> None:
-    """Check, time, place on the roofline and store one case, at the three levels."""
+    """Check, time, place on the roofline and compare one case, at the three levels; the run is kept under
+    $CASEBOOK_CACHE/runs (results/ only with --save)."""
     from casebook.commands import run as impl
 
     raise typer.Exit(impl.main(case, variants=variant, quick=quick, counters=counters, json_out=json_out,
-                               results_dir=results, timeout=timeout))
+                               results_dir=results, timeout=timeout, save=save, force=force))
+
+
+@app.command()
+def record(
+    run_file: Annotated[Path, typer.Argument(metavar="RUN.json", help="A run's result, as `casebook run` kept it.")],
+    results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
+    force: Annotated[bool, typer.Option("--force", help="Replace a current stored result even with a slower or noisier run.")] = False,
+) -> None:
+    """Store a run as results/<hardware>/<case>.json: the explicit act that changes the book's results."""
+    from casebook.commands import record as impl
+
+    raise typer.Exit(impl.main(run_file, results, force))
 
 
 @app.command()

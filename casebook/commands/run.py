@@ -21,7 +21,9 @@ STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed
 
 
 def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float) -> int:
+         timeout: float, save: bool = False, force: bool = False) -> int:
+    """Run, keep the run under the cache's runs folder, compare it with the stored result for this machine;
+    with `save`, also store it in `results_dir` (`casebook.commands.record`)."""
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, load_case
 
@@ -57,19 +59,52 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                     console.print(f"[red]{name} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
+        kept: list[Path] = []  # the run's own file, named when the run starts
+
+        def checkpoint(partial: dict) -> None:
+            kept[:] = kept or [results.run_path(results.runs_dir(), partial)]
+            results.save_as(partial, kept[0])
+
         doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress,
-                           checkpoint=lambda partial: results.save(partial, results_dir))
+                           checkpoint=checkpoint)
     if counters:
         from casebook import counters as counters_mod
 
         doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: console.print(msg, highlight=False))
-    path = results.save(doc, results_dir)
+    path = results.save_as(doc, kept[0] if kept else results.run_path(results.runs_dir(), doc))
     if json_out:
         out.print_json(json.dumps(doc))
     else:
         report(doc)
-        out.print(f"stored [bold]{path}[/bold]")
-    return 1 if run.failed(doc) else 0
+    console.print(f"this run: [bold]{path}[/bold]", highlight=False)
+    against_stored(doc, results_dir)
+    code = 1 if run.failed(doc) else 0
+    if save:
+        from casebook.commands.record import store
+
+        code = max(code, store(doc, results_dir, case, force, console))
+    else:
+        console.print(f"results/ untouched: `--save`, or `casebook record {path}`, stores it", highlight=False)
+    return code
+
+
+def against_stored(doc: dict, results_dir: Path) -> None:
+    """How this run compares with the stored result of its case on this machine, if there is one."""
+    from casebook import results
+    from casebook.commands.compare import show
+    from casebook.schema import Result
+
+    stored = results.result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    if not stored.exists():
+        console.print(f"no stored result for this machine ({stored}) to compare with", highlight=False)
+        return
+    try:
+        before = results.load(stored)
+    except ValueError as e:
+        console.print(f"the stored result {stored} is unreadable: {e}", highlight=False)
+        return
+    console.print(f"[bold]Against the stored result[/bold] {stored} (A) -> this run (B):", highlight=False)
+    show(console, before, Result.model_validate(doc), (stored.name, "this run"), min_us=0.0)
 
 
 def _fmt(v, spec: str, missing: str = "-") -> str:
