@@ -361,7 +361,7 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
     env = {**os.environ, "CASEBOOK_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "casebook.cli", "run", "cases/softmax_fusion.yaml",
-                           "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
+                           "--save", "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     seconds = time.monotonic() - start
     stored = list((tmp_path / "results").glob("*/softmax_fusion.json"))
