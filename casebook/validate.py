@@ -314,7 +314,32 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
                              f"{shown} is stale: {why}; run it again") for why in reasons]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
+        errors += [CaseError(path, 1, "results", why) for why in ceilings_disagree(result, doc, root)]
     return errors
+
+
+def ceilings_disagree(result: Path, doc: dict, root: Path) -> list[str]:
+    """Results under the same hardware name as `result` whose measured ceilings differ from its own by more
+    than `hardware.CEILINGS_APART`: one name standing for two machines, whose points the site would draw
+    against one machine's roofs."""
+    from casebook.hardware import CEILINGS_APART, ceilings_apart
+
+    mine = (doc.get("hardware") or {}).get("measured") or {}
+    out = []
+    for other in sorted(result.parent.glob("*.json")):
+        if other == result:
+            continue
+        try:
+            theirs = (json.loads(other.read_bytes()).get("hardware") or {}).get("measured") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # reported when its own case is checked
+        apart = ceilings_apart(mine, theirs)
+        if apart:
+            out.append(f"{result.relative_to(root).as_posix()} and {other.relative_to(root).as_posix()} share the "
+                       f"hardware name {result.parent.name!r} but their measured ceilings differ by more than "
+                       f"{CEILINGS_APART:.0%} ({'; '.join(apart)}): two machines, or a disturbed run; run both "
+                       "cases again on one machine")
+    return out
 
 
 def unpublishable(case: Case, doc: dict) -> list[str]:
