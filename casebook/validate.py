@@ -322,7 +322,7 @@ def ceilings_disagree(result: Path, doc: dict, root: Path) -> list[str]:
     """Results under the same hardware name as `result` whose measured ceilings differ from its own by more
     than `hardware.CEILINGS_APART`: one name standing for two machines, whose points the site would draw
     against one machine's roofs."""
-    from casebook.hardware import CEILINGS_APART, ceilings_apart
+    from casebook.roofline import CEILINGS_APART, ceilings_apart
 
     mine = (doc.get("hardware") or {}).get("measured") or {}
     out = []
