@@ -19,7 +19,7 @@ KERNELS_PACKAGE = "casebook.kernels"
 class Task:
     """One unit of measurement: a variant at a shape and dtype (levels 1, 2) or in the scenario (level 3)."""
 
-    kind: str  # "point" | "end_to_end" | "pair"
+    kind: str  # "point" | "end_to_end" | "pair" | "traffic"
     module: str
     variant: str
     fn: str
@@ -57,9 +57,19 @@ def work(task: Task) -> dict:
             return _end_to_end(task, mod)
         if task.kind == "pair":
             return _pair(task, mod)
+        if task.kind == "traffic":
+            return _traffic(task, mod)
         return _point(task, mod)
     except NotImplementedError as e:  # the variant's own word that it does not cover this shape
         return {"status": "skipped", "error": f"unsupported: {e}"}
+
+
+def _traffic(task: Task, mod) -> dict:
+    """The traffic model alone, at the task's shape and dtype: nothing runs but the model."""
+    from casebook.check import TORCH_DTYPES
+
+    traffic = getattr(mod, task.traffic)(task.shape, TORCH_DTYPES[task.dtype])
+    return {"status": "ok", "flops": traffic.flops, "bytes": traffic.bytes}
 
 
 def _point(task: Task, mod) -> dict:

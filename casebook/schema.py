@@ -474,6 +474,9 @@ class Result(Open):
     end_to_end: dict[str, Any] = Field(description="Level 3: the scenario with the baseline and the variant.")
     counters: list[dict[str, Any]] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if asked.")
     claims: list[ClaimOutcome] = Field(description="Each claim and whether it held.")
+    arithmetic_intensity: dict[str, Any] | None = Field(
+        default=None, description="The case's declared arithmetic intensity beside its traffic model's at the first "
+                                 "level-1 shape and dtype: shape, dtype, declared, modelled, difference, flagged.")
     stability: dict[str, Any] | None = Field(
         default=None, description="Timed points judged, how many unstable, the busiest readings, the bounds.")
     started_at: str = Field(description="UTC start time, ISO 8601.")

@@ -315,7 +315,28 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
         errors += [CaseError(path, 1, "results", why) for why in ceilings_disagree(result, doc, root)]
+        if why := intensity_mismatch(case, doc):
+            errors.append(lines.error(("bottleneck", "arithmetic_intensity"), f"{why} (from {shown})"))
     return errors
+
+
+def intensity_mismatch(case: Case, doc: dict) -> str | None:
+    """The case's declared arithmetic intensity against the traffic model's that its run recorded at the first
+    level-1 shape, when they differ by more than `traffic.INTENSITY_TOLERANCE` (None: they agree, or the run
+    recorded none). The declared figure is read from the case as it is now (it is not part of the hash)."""
+    from casebook.traffic import INTENSITY_TOLERANCE
+
+    record = doc.get("arithmetic_intensity") or {}
+    declared, modelled = case.bottleneck.arithmetic_intensity, record.get("modelled")
+    if declared is None or not isinstance(modelled, (int, float)) or modelled <= 0:
+        return None
+    difference = declared / modelled - 1
+    if abs(difference) <= INTENSITY_TOLERANCE:
+        return None
+    shape = "x".join(str(v) for v in (record.get("shape") or {}).values())
+    return (f"declared {declared:g} FLOP/byte, but the traffic model gives {modelled:.4g} at {shape} "
+            f"{record.get('dtype')} (the first level-1 shape and dtype): {difference:+.0%}, more than "
+            f"{INTENSITY_TOLERANCE:.0%}; state the model's figure at that shape")
 
 
 def ceilings_disagree(result: Path, doc: dict, root: Path) -> list[str]:

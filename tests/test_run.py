@@ -430,3 +430,27 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mod, "run_isolated", edit_then_stub)
     doc = run_mod.run_case(path)
     assert doc["case_sha256"] == before != case_sha256(path)
+
+
+def test_the_declared_intensity_is_checked_against_the_traffic_model(make_case, monkeypatch, line_of):
+    """A case declaring 10 FLOP/byte where its model gives 1.25 (softmax, at its first level-1 shape): the run
+    records both, and `check` flags the declared figure at its line."""
+    from casebook import run as run_mod
+    from casebook.measure import work
+    from casebook.validate import validate
+
+    path = make_case({"  arithmetic_intensity: 1.25\n": "  arithmetic_intensity: 10\n"})
+    monkeypatch.setattr(run_mod, "run_isolated", lambda _, tasks, **kw: [
+        work(t) if t.kind == "traffic" else {"status": "checked"} for t in tasks])
+    doc = run_mod.run_case(path)
+    rec = doc["arithmetic_intensity"]
+    assert rec["shape"] == load_case(path).levels.kernel.shapes[0] and rec["dtype"] == "bf16"
+    assert rec["modelled"] == pytest.approx(1.25) and rec["declared"] == 10 and rec["flagged"] is True
+    stored = results.save(doc, path.parent.parent / "results")
+    [error] = [str(e) for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)]
+    assert error == (f"{path}:{line_of(path, 'arithmetic_intensity: 10')}: bottleneck.arithmetic_intensity: declared "
+                     "10 FLOP/byte, but the traffic model gives 1.25 at 131072x1024 bf16 (the first level-1 shape and "
+                     f"dtype): +700%, more than 10%; state the model's figure at that shape (from results/{stored.parent.name}/"
+                     "softmax_fusion.json)")
+    path.write_text(path.read_text().replace("arithmetic_intensity: 10\n", "arithmetic_intensity: 1.3\n"))
+    assert not [e for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)], "4% apart: within 10%"

@@ -177,6 +177,7 @@ def report(doc: dict) -> None:
                       f"{r['measured_bytes'] / 1e6:.1f}", f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
         out.print(c)
     _stability(doc)
+    _intensity(doc.get("arithmetic_intensity") or {})
     out.print("[bold]Claims[/bold]")
     for c in doc["claims"]:
         mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c["held"]]
@@ -198,3 +199,18 @@ def _stability(doc: dict) -> None:
                   + "; ".join(p["unstable"]), highlight=False)
     if st.get("unstable"):
         out.print("  `casebook check` will not publish this result: run it again on a quiet machine", highlight=False)
+
+
+def _intensity(rec: dict) -> None:
+    """The declared arithmetic intensity beside the traffic model's, at the first level-1 shape."""
+    if rec.get("modelled") is None:
+        if rec.get("error"):
+            out.print(f"[bold]Arithmetic intensity[/bold] not modelled: {rec['error']}", highlight=False)
+        return
+    line = (f"[bold]Arithmetic intensity[/bold] at {shape_label(rec['shape'])} {rec['dtype']}: the traffic model "
+            f"gives {rec['modelled']:.4g} FLOP/byte")
+    if rec.get("declared") is not None:
+        line += f", the case declares {rec['declared']:g} ({rec['difference']:+.1%})"
+        if rec.get("flagged"):
+            line += f" [bold red]more than {rec['tolerance']:.0%} apart: `casebook check` flags it[/]"
+    out.print(line, highlight=False)
