@@ -70,8 +70,8 @@ class Timing:
     slack_us: float = 0.0
     """The device-side delay each GPU repetition started behind."""
     interference: dict = field(default_factory=dict)
-    """What else the machine did over the repetitions (`interference.Window`; on a GPU, its clocks and
-    other processes after them): raw readings, judged by `casebook.stability`."""
+    """What else the machine did over the repetitions (`interference.Window`): raw readings, judged by
+    `casebook.stability`."""
 
 
 def _sync(device: str) -> None:
@@ -164,10 +164,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
                        or time.perf_counter() > cap):
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    reading = window.close()
-    if device == "cuda":
-        reading["gpu"] = interference.gpu_state()
-    return Timing(summarize(times), timer, host_us, slack, reading)
+    return Timing(summarize(times), timer, host_us, slack, window.close())
 
 
 PIPELINED_CALLS = 20

@@ -44,22 +44,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-CPU_THREADS_ENV = "CASEBOOK_CPU_THREADS"
-
-
-def cpu_threads() -> int:
-    """Threads torch's CPU path runs with in every variant's child: `CASEBOOK_CPU_THREADS` if set, else the
-    CPUs this process may run on. Set explicitly (torch's own default follows the physical cores and its
-    build) and stored with each point, so a timing says how many threads it had."""
-    value = os.environ.get(CPU_THREADS_ENV, "").strip()
-    if value:
-        return max(1, int(value))
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 MODEL_NOISE = r"\((r|tm)\)|\b(cpu|processor|\d+-core)\b|@.*$"
 """Words of a CPU's model name that tell no two machines apart: trademarks, "CPU", "Processor",
 "64-Core" (the core count comes from the machine), the clock after "@"."""

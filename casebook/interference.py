@@ -16,6 +16,22 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 """/proc/stat counts CPU time in these ticks per second (100 on Linux)."""
 
 
+CPU_THREADS_ENV = "CASEBOOK_CPU_THREADS"
+
+
+def cpu_threads() -> int:
+    """Threads torch's CPU path runs with in every variant's child: `CASEBOOK_CPU_THREADS` if set, else the
+    CPUs this process may run on. Set explicitly (torch's own default follows the physical cores and its
+    build) and stored with each point, so a timing says how many threads it had."""
+    value = os.environ.get(CPU_THREADS_ENV, "").strip()
+    if value:
+        return max(1, int(value))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def busy_ticks() -> tuple[int, int] | None:
     """(ticks every CPU spent busy since boot, online CPUs) from /proc/stat; idle and I/O wait are not busy."""
     try:
@@ -53,15 +69,15 @@ class Window:
     """Readings over one timing: opened before its first repetition, closed after its last."""
 
     def __init__(self) -> None:
+        self.start = time.perf_counter()  # first, and last in `close`: the window holds its own readings
         self.load_start = load_average()
         self.busy, self.own, self.wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
-        self.start = time.perf_counter()
 
     def close(self) -> dict:
         """{window_s, other_cpu_s, cpus, run_queue_wait_s, load_average}: `other_cpu_s` is the CPU time every
         CPU was busy over the window less this process's own (so: other processes', to within a tick per CPU)."""
-        window_s = time.perf_counter() - self.start
         busy, own, wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
+        window_s = time.perf_counter() - self.start
         out: dict = {"window_s": window_s, "load_average": load_average(), "load_average_start": self.load_start}
         if busy is not None and self.busy is not None:
             out["other_cpu_s"] = max(0.0, (busy[0] - self.busy[0]) / CLOCK_TICKS - (own - self.own))
@@ -73,16 +89,37 @@ class Window:
 
 def gpu_state() -> dict | None:
     """The GPU's SM and memory clocks (MHz) and the compute processes on it other than this process and its
-    parent, from nvidia-smi; None where nvidia-smi does not answer. In a container the process list may be
-    empty whatever runs (another PID namespace): `other_processes` then says nothing either way."""
-    device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    parent, through NVML (pynvml) where installed, else nvidia-smi; None where neither answers. In a
+    container the process list may be empty whatever runs (another PID namespace): an empty list then
+    says nothing either way."""
+    device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    index = int(device) if device.isdigit() else 0
+    state = _nvml_state(index) or _nvidia_smi_state(device)
+    if state is None:
+        return None
+    mine = {os.getpid(), os.getppid()}
+    return {**state, "other_processes": sorted(p for p in state["other_processes"] if p not in mine)}
+
+
+def _nvml_state(index: int) -> dict | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {"sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+                "other_processes": [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]}
+    except Exception:  # not installed, no driver, or an NVML error: nvidia-smi may still answer
+        return None
+
+
+def _nvidia_smi_state(device: str) -> dict | None:
     query = lambda *args: subprocess.run(["nvidia-smi", "-i", device, *args, "--format=csv,noheader,nounits"],  # noqa: E731
                                          capture_output=True, text=True, timeout=10).stdout
     try:
         sm, mem = (v.strip() for v in query("--query-gpu=clocks.sm,clocks.mem").splitlines()[0].split(","))
         pids = [int(v) for v in query("--query-compute-apps=pid").split() if v.strip().isdigit()]
+        return {"sm_clock_mhz": float(sm), "mem_clock_mhz": float(mem), "other_processes": pids}
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
         return None
-    mine = {os.getpid(), os.getppid()}
-    return {"sm_clock_mhz": float(sm), "mem_clock_mhz": float(mem),
-            "other_processes": sorted(p for p in pids if p not in mine)}

@@ -46,7 +46,7 @@ def work(task: Task) -> dict:
     """Entry point in the child."""
     import torch
 
-    from casebook.hardware import cpu_threads
+    from casebook.interference import cpu_threads
 
     torch.set_num_threads(cpu_threads())  # explicit, and recorded with each point
     torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
@@ -118,6 +118,10 @@ def _point(task: Task, mod) -> dict:
                timer=timing.timer, flops=traffic.flops, bytes=traffic.bytes,
                traffic_terms=traffic.as_dict()["terms"], launches=launches,
                threads=_threads(), interference=timing.interference)
+    if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
+        from casebook.interference import gpu_state
+
+        out["interference"] = {**timing.interference, "gpu": gpu_state()}
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
                   launch_us=task.roofs["launch_us"])
     n_launch = launch_count(launches, task.roofs)

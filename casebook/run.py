@@ -104,7 +104,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
            "started": _now(), "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(),
            "env": hardware.environment()}
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
-                      cpu_threads=hardware.cpu_threads())
+                      cpu_threads=interference.cpu_threads())
     protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
