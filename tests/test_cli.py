@@ -22,19 +22,19 @@ traceback) and its pydantic conversion of the group's absent `--help` (`cli.Comm
 of every `casebook COMMAND --help`."""
 
 HELP_S = 0.5
-"""The bound on `casebook [COMMAND] --help`, interpreter start included: the best of five runs, so that a
-loaded machine (a shared 2-core box, a CI runner) disturbs it less. 0.1 s on a quiet 2-core machine, 0.25 s
-at a load average of 11 on 2 cores (0.6 s there before help stopped importing rich and pydantic)."""
+"""The bound on `casebook [COMMAND] --help`, interpreter start included, the best of five runs: on its CPU
+time always, and on its wall time where the machine is not overloaded (load average under its CPUs). On a
+shared 2-core box at a load average of 16 the wall time measures the load (`import typer` alone took
+0.56-0.76 s there); the CPU time does not: 0.08 s for every command, against 0.17-0.28 s before help
+stopped importing rich and pydantic. A quiet 2-core machine answers in about 0.1 s of wall time."""
 
 PROBE = """
-import sys, time
-start = time.perf_counter()
+import sys
 from casebook.cli import app
 try:
     app({args!r})
 except SystemExit:
     pass
-print("SECONDS", time.perf_counter() - start)
 print("HEAVY", [m for m in {heavy!r} if m in sys.modules])
 """
 
@@ -47,16 +47,26 @@ def _command_names() -> list[str]:
 
 @pytest.mark.parametrize("args", [["--help"]] + [[name, "--help"] for name in _command_names()])
 def test_help_is_fast_and_imports_nothing_heavy(args):
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
-        best = min(best, time.perf_counter() - start)
-        assert proc.returncode == 0, proc.stderr
-        assert "HEAVY []" in proc.stdout, proc.stdout
-        assert "Usage" in proc.stdout
-    assert best < HELP_S, f"`casebook {' '.join(args)}` took {best:.2f} s"
+    runs = [_probe(args) for _ in range(5)]
+    for _, _, code, out in runs:
+        assert code == 0 and "Usage" in out, out
+        assert "HEAVY []" in out, out
+    best_wall, best_cpu = min(r[0] for r in runs), min(r[1] for r in runs)
+    assert best_cpu < HELP_S, f"`casebook {' '.join(args)}` took {best_cpu:.2f} s of CPU"
+    if os.getloadavg()[0] < (os.cpu_count() or 1):
+        assert best_wall < HELP_S, f"`casebook {' '.join(args)}` took {best_wall:.2f} s"
+
+
+def _probe(args: list[str]) -> tuple[float, float, int, str]:
+    """One run of the probe: (wall seconds, CPU seconds (user + system), exit code, output)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stdout.close()
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime, proc.returncode, out
 
 
 def test_every_command_is_probed():
