@@ -120,7 +120,8 @@ class Variant(Strict):
     """One rung of the variant ladder."""
 
     name: Ident = Field(description="Variant name, used in results and on the page.")
-    fn: Ident = Field(description="Function in the kernel module that runs this variant.")
+    fn: Ident = Field(default_factory=lambda data: data["name"],
+                      description="Function in the kernel module that runs this variant (default: the variant's name).")
     note: Text = Field(description="One line: what this variant changes over the previous one.")
     backends: list[Backend] = Field(
         min_length=1,
@@ -141,9 +142,12 @@ class Kernel(Strict):
     """The runnable code: a module inside `casebook.kernels`, named, never a file path."""
 
     module: Ident = Field(description="Module name under `casebook/kernels/`, usually the case id.")
-    reference: Ident = Field(description="Float64 reference function: same inputs (upcast), returns the exact answer.")
-    inputs: Ident = Field(description="Input maker: `(shape, dtype, device, generator) -> dict of tensors`.")
-    traffic: Ident = Field(description="Traffic model: `(shape, dtype) -> Traffic` (FLOPs and bytes, term by term).")
+    reference: Ident = Field(default="reference", description="Float64 reference function: same inputs (upcast), "
+                             "returns the exact answer.")
+    inputs: Ident = Field(default="make_inputs",
+                          description="Input maker: `(shape, dtype, device, generator) -> dict of tensors`.")
+    traffic: Ident = Field(default="traffic",
+                           description="Traffic model: `(shape, dtype) -> Traffic` (FLOPs and bytes, term by term).")
     tensors: dict[Ident, list[Ident]] = Field(
         min_length=1,
         description="Every tensor the kernel reads or writes, as its dimension names, e.g. `x: [rows, cols]` (row-major).",

@@ -1,13 +1,40 @@
-"""Shared fixtures: a scratch book with copies of the real softmax case, and the CLI run in-process."""
+"""Shared fixtures: scratch books holding the tests' own small case (or a copy of the real softmax case),
+and the CLI run in-process."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SOFTMAX = REPO / "cases" / "softmax_fusion.yaml"
+FIXTURES = REPO / "tests" / "fixtures"
+SMALL_CASE = FIXTURES / "cases" / "scaled_add.yaml"
+"""The tests' own small case: a scaled add on the CPU, relying on every default of the format."""
+
+
+@pytest.fixture
+def small_case(tmp_path: Path):
+    """Write a scratch book at `<tmp>`: `cases/scaled_add.yaml` (each `edits` pair applied once, or `text`)
+    and its kernel module in `casebook/kernels/`; return the case's path."""
+
+    def make(edits: dict[str, str] | None = None, text: str | None = None) -> Path:
+        if text is None:
+            text = SMALL_CASE.read_text()
+            for old, new in (edits or {}).items():
+                assert text.count(old) == 1, f"edit target not unique: {old!r}"
+                text = text.replace(old, new)
+        kernels = tmp_path / "casebook" / "kernels"
+        kernels.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / "kernels" / "scaled_add.py", kernels / "scaled_add.py")
+        path = tmp_path / "cases" / "scaled_add.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return path
+
+    return make
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import casebook.kernels
 from casebook import results, run
 from casebook.bench import QUICK
 from casebook.load import load_case
-from casebook.provenance import kernel_sha256
+from casebook.provenance import kernel_sha256, measurement_sha256
 from casebook.schema import Result, Variant
 
 from conftest import REPO, SOFTMAX
@@ -430,3 +430,21 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mod, "run_isolated", edit_then_stub)
     doc = run_mod.run_case(path)
     assert doc["case_sha256"] == before != case_sha256(path)
+
+
+@pytest.mark.slow
+def test_a_case_relying_on_the_conventional_names_runs(tmp_path):
+    """The fixture case names no `fn`, `reference`, `inputs` or `traffic`: the run finds them by convention."""
+    from conftest import SMALL_CASE
+
+    path = tmp_path / "cases" / "scaled_add.yaml"
+    path.parent.mkdir()
+    path.write_text(SMALL_CASE.read_text())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CASEBOOK_KERNELS_PATH", str(CHEATS_DIR))  # the fixture kernels, for the children
+        mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])
+        doc = run.run_case(path, quick=True, timeout_s=120, ceilings=CEILINGS)
+    status = {(p["variant"], p["dtype"]): p["status"] for p in doc["kernel_level"]}
+    assert status[("eager", "fp32")] == "ok" and status[("eager", "bf16")] == "ok", status
+    assert all(p["correct"] for p in doc["kernel_level"] if p["status"] in ("ok", "checked")), doc["kernel_level"]
+    assert doc["measurement_sha256"] == measurement_sha256(load_case(path))
