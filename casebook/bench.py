@@ -38,7 +38,7 @@ class Protocol:
     target_ci: float = 0.005
     """Repetitions stop once the median's 95% confidence interval lies within this fraction of it on
     either side (`stats.median_stable`), or at `max_reps` or `time_cap_s`. Measured on an H200
-    (2026-12-01d, benchmarks/explore/flush_and_stability.py): medians of 20 repetitions of 24-37 us
+    (2026-12-01d, benchmarks/explore/method/flush_and_stability.py): medians of 20 repetitions of 24-37 us
     calls scatter by up to 2.4%, of 200 by under 1%; the normal-theory rule used before stopped such
     calls after 20-40, and two runs then differed by 2-4% at a few points."""
     time_cap_s: float = 1.0
@@ -102,7 +102,7 @@ class _L2Flusher:
     pays: it also leaves its own last writes in the L2 unpaid, so the two balance, as for a kernel
     whose predecessor wrote its output. A flush that only read would leave clean lines and flatter
     the call by up to an L2 of writes (on an H200, a 64 MB copy: 33.3 against 36.7 us;
-    benchmarks/explore/flush_and_stability.py)."""
+    benchmarks/explore/method/flush_and_stability.py)."""
 
     def __init__(self) -> None:
         self.buffer = torch.empty(l2_flush_bytes() // 4, dtype=torch.int32, device="cuda")

@@ -2,7 +2,7 @@
 for sm_90a with the installed Triton, and its PTX is checked for what the design depends on; the erf
 epilogue's arithmetic is replayed in fp32 with the module's constants. The kernel's results are checked
 on the H200 (every `casebook run` of gemm_epilogue, tests/kernels/test_gemm_epilogue.py's GPU-only
-test, and benchmarks/explore/pingpong_epilogue.py --check at ragged shapes).
+test, and benchmarks/explore/gemm_epilogue/pingpong_epilogue.py --check at ragged shapes).
 
 The lowering runs in a child process: once Triton's interpreter has run a kernel in a process (the
 other kernel tests do), compiling a Gluon kernel there fails, so the result would depend on test order
