@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU work of a session in a few full device calls (each under the 10-minute limit), with what
-# earlier sessions learned: inputs on the device, one tarball back (the device returns 8 files at most),
-# a checkpoint per variant so a call cut short still returns what it measured.
+# The GPU runs behind the stored H200 results, each a full device call under a 10-minute limit: inputs
+# made on the device, one tarball back (the device returns 8 files at most), a checkpoint per variant
+# so a call cut short still returns what it measured.
 #
 # Run on the device from the repository root, after the wheel install line:
 #   bash benchmarks/gpu_session.sh softmax        # GPU-only tests, full softmax ladder + ncu counters,
@@ -25,7 +25,8 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
-# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
+# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
+# run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -89,7 +90,7 @@ case "${1:-}" in
     run_case softmax_fusion $((570 - SECONDS)) --counters ;;
   gemm-runs)  # the machine's ceilings (measured once, shared by the runs), then the three GEMM cases
     timeout 120 python3 -m casebook.cli hardware > "$out/logs/hardware.txt" 2>&1; echo "hardware: exit $?"; cat "$out/logs/hardware.txt"
-    # 2026-12-01f: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
+    # measured: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
     # each, plus the compiles of a fresh process); the last case gets what is left of the 10 minutes.
     run_case gemm_epilogue 300
     run_case gemm_grouped 150

@@ -1,6 +1,6 @@
 """Device check (not a casebook run): why the erfc epilogue is not hidden under the ping-pong main loop.
 
-At 8192 x 8192 x 1024 bf16 (notes/h200-2026-12-01e/pingpong-3.txt) the ping-pong GEMM took 202.0 us
+At 8192 x 8192 x 1024 bf16 the ping-pong GEMM took 202.0 us
 plain, 213.5 with the tanh epilogue and 277.5 with the branch-free erfc one (~28 SASS instructions per
 element against ~10 for tanh, by a count of the compiled kernel). By issue slots the erfc epilogue is
 ~2.2 us a tile against a ~6.5 us main loop on the other consumer, so it should hide; it costs 2.4 us a

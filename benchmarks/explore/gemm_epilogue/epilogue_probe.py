@@ -1,6 +1,6 @@
 """Device exploration (not a casebook run): which resource the erfc epilogue exhausts in the ping-pong GEMM.
 
-epilogue_clocks.py (notes/h200-2026-12-01e/epilogue_clocks.txt) falsified the power hypothesis: under
+epilogue_clocks.py falsified the power hypothesis: under
 sustained load the erfc ping-pong kernel ran at a *higher* SM clock than the plain one (1740 against
 1538 MHz, both at the power cap) and took 45% more cycles (516 k against 356 k). So the epilogue is not
 hidden under the other consumer's main loop, although by issue slots (~28 instructions per element,
@@ -18,7 +18,7 @@ and times the kernel at 8192 x 8192 x 1024 bf16, beside the tanh form (~6 instru
 Prediction, written before running: fma28 costs about what erfc does and mufu2 about what tanh does
 (FP32 issue, not MUFU); approx then gains ~15%, estrin little.
 
-Measured on an H200 (notes/h200-2026-12-01e/epilogue_probe.txt), over the bias-only kernel (~201.8 us):
+Measured on an H200, over the bias-only kernel (~201.8 us):
 erfc +36.7%, tanh +3.1%, mufu2 +0.5%, fma28 +39.8%, approx +14.7%, estrin +21.6%. The prediction held
 in direction: the MUFU is free, FP32 instructions are not. Read as a line, each FP32 instruction per
 accumulator element beyond the first ~4 costs ~1.45% (tanh has 6 with the bias add, fma28 29, erfc
@@ -42,7 +42,7 @@ file as it was at main 15e7adc) and after: after/erfc is 2-2.5% faster than befo
 the zeroing up to ~0.7%), after/deg5 is 0-0.7% faster than before/erfc, and the bias-only kernel
 moves by under 0.5% (its epilogue hides under the other consumer's main loop).
 
-Measured on an H200 (notes/h200-2026-12-01f/probe.txt, two rounds, medians in us at 8192 x 8192 x 1024):
+Measured on an H200 (two rounds, medians in us at 8192 x 8192 x 1024):
 before/erfc 221.5 and 221.3, after/erfc 210.2 and 210.2 (5.0% faster: predicted 2-2.5%), after/deg5
 213.3 and 212.7 (3.8% faster: predicted 0-0.7%), tanh 208.0 -> 205.6 and 205.0, bias-only ~202.7 ->
 ~199.6 (1.5%: predicted under 0.5%). The degree-4 fit did what the line predicted (1.3-1.5%); the

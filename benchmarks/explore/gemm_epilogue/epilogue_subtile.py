@@ -1,7 +1,7 @@
 """Device exploration (not a casebook run): does storing C in two halves buy the epilogue back?
 
 gemm_epilogue's fused kernels pay for their epilogue at short K: over the plain TMA GEMM, the tanh form
-costs +13.5% and the erf form +47% at 8192 x 8192 x 1024 (2026-12-01b). At 16 K-steps per tile the
+costs +13.5% and the erf form +47% at 8192 x 8192 x 1024. At 16 K-steps per tile the
 epilogue is a large share of each tile, and the pipeline refills after it. The 128x256 tile's C staging
 buffer (64 KB) is what keeps the main loop at three stages (four were out of shared memory). Storing
 C in two 128x128 halves (tutorial 09's epilogue subtiling) halves that buffer: a fourth stage fits
@@ -12,7 +12,7 @@ Prediction, written before the run: with SUBTILE and four stages the tanh epilog
 8192 x 8192 x 1024 falls from +13.5% to 8% or less, the plain GEMM moves by under 2%, and the erf
 form gains little (its ~20 instructions per element are serial with the tensor cores either way).
 
-Measured on the H200 (notes/h200-2026-12-01c/epilogue_subtile.txt): **falsified**. At 8192 x 8192 x
+Measured on the H200: **falsified**. At 8192 x 8192 x
 1024 the plain GEMM is unchanged (202.5, 202.1, 201.7 us), but the tanh epilogue costs +12% whole,
 +20% in halves with three stages and +20% with four; erf +55%, +53%, +53%. At 4096^3 all three are
 within 2%. The main loop was not short of stages: what the epilogue costs is its own time, serial with

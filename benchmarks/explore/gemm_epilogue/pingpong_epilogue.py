@@ -1,5 +1,6 @@
-"""Device exploration (not a casebook run): a ping-pong GEMM whose epilogue runs under the next tile's
-main loop. Issue 5's gemm_epilogue bar.
+"""Device exploration: can a ping-pong GEMM hide its epilogue under the next tile's main loop?
+
+Not a casebook run; issue 5's gemm_epilogue bar.
 
 What the case found (cases/gemm_epilogue.yaml): the Triton TMA GEMM pays its bias + GELU epilogue in
 series after each tile's main loop, at 8192 x 8192 x 1024 bf16:
@@ -36,7 +37,7 @@ ping-pong kernel:
 - the erf one, which has ~20 FP32 instructions per element, still under the other consumer's main loop.
 If so, fused erf reaches ~225 us: 1.3x over addmm + GELU (~300 us), the issue's target.
 
-First H200 runs (notes/h200-2026-12-01e/pingpong*.txt):
+First H200 runs:
 - The first crashed (launch failure) at 2048 x 2048 x 1024, the first shape where both consumers had
   tiles: consumer 1's parity waits passed on consumer 0's loads. The fix is the `turn` barrier.
 - Then at 8192 x 8192 x 1024: plain 205.7 us (Triton TMA 206.3, cuBLAS 198.2); tanh 217.1 (+5.5%,
@@ -50,7 +51,7 @@ Prediction: ping-pong erfc within 3% of ping-pong tanh at 8192 x 8192 x 1024 (~2
 addmm + GELU); the Triton TMA GEMM with the same erfc epilogue drops from ~297 to ~235 us, since its
 epilogue stays serial after each tile.
 
-Third run (pingpong-3.txt), at 8192 x 8192 x 1024: ping-pong erfc 277.5 us (plain 202.0, tanh 213.5),
+Third run, at 8192 x 8192 x 1024: ping-pong erfc 277.5 us (plain 202.0, tanh 213.5),
 Triton TMA erfc 270.9 (plain 210.6, libdevice erf 296.9 the run before). Both predictions missed: the
 erfc costs the ping-pong kernel +37%, not +3-6%, and the TMA kernel +29%, not +12%. By the count above,
 ~1.6 us of issue per tile should hide under a 6 us main loop, and it does not; what was not measured
@@ -60,21 +61,21 @@ established: timing the clock under each form (nvidia-smi, as benchmarks/explore
 is the next measurement. Meanwhile the tanh form holds: 213.5 us, 1.32x over addmm + tanh GELU and
 1.03x over cuBLASLt's GELU_BIAS. At 4096^3 the erfc TMA kernel (207.0) beats addmm + GELU (218.6).
 
-In the case run that followed (gemm_epilogue, same session) the tanh kernel read 215.3 us against
+In the case run that followed (gemm_epilogue, same machine) the tanh kernel read 215.3 us against
 addmm + tanh GELU's 272.6: 1.27x, short of the 1.3x claim, which needs 209.7. Its tanh epilogue was
 written naively, 0.5 x (1 + tanh(c (x + 0.044715 x^3))): 8 FP32 instructions per element. Rewritten
 as h + h tanh(x (c1 + c2 x^2)), h = x / 2 (gemm_common's form), it is 6. Prediction: if the epilogue's
 cost scales with its instruction count (either hypothesis in epilogue_clocks.py), the tanh kernel
 drops from +5.7% over the plain ping-pong kernel to about +4%, ~210 us.
 
-Fourth run (pingpong-4.txt): tanh 207.4 us, +3.1% over the plain kernel (201.2): held, and in the case
+Fourth run: tanh 207.4 us, +3.1% over the plain kernel (201.2): held, and in the case
 run the tanh claims then held (1.30x over addmm + tanh GELU, 1.04x over cuBLASLt). epilogue_clocks.py
 then falsified the power hypothesis and epilogue_probe.py found the cost: FP32 instructions per element,
 ~1.45% each beyond ~4, while MUFU operations are free. The erf form was rewritten to 12 FP32
 instructions (a degree-5 erfc fit, ex2/rcp on the MUFU without fix-ups; gemm_pingpong.ERFC_FIT).
 Prediction: +11-12% over the plain kernel, ~224 us at 8192 x 8192 x 1024: 1.27x over addmm + GELU
 (the 1.3x claim still missed) and ~77% of a ~797 TFLOP/s roof (the 75% claim met). Measured in the
-case: 221.4 us, 1.285x. The sixth session (epilogue_probe.py, then cases/gemm_epilogue.yaml) took it to
+case: 221.4 us, 1.285x. Later work (epilogue_probe.py, then cases/gemm_epilogue.yaml) took it to
 206.3 us, 1.38x: a degree-4 fit, accumulators zeroed once instead of on each tile's hand-off, and a
 degree-3 fit where the output is bf16.
 

@@ -1,7 +1,7 @@
 """Device exploration (not a casebook run): why the grouped GEMM at the Mixtral boundary has two modes.
 
 triton_grouped at 8 experts x 8192 rows x 14336 x 4096 bf16 took 1568, 1444 and 1567 us in three
-sessions (the loop 1439 and 1368 in the last two), so the boundary claim (at most 10% behind the loop)
+runs (the loop 1439 and 1368 in the last two), so the boundary claim (at most 10% behind the loop)
 failed in the slow mode. Suspect: the autotuner's pick, made once per process. Each run below is a
 fresh process, as a `casebook run` child is: the pick (casebook.autotune, the code that now records it
 per point), the autotuner's own timing of every configuration, and the harness's median.
@@ -9,7 +9,7 @@ per point), the autotuner's own timing of every configuration, and the harness's
 Prediction: the slow runs ran a different configuration from the fast ones; if all runs pick the same
 configuration and still differ, the modes are on the GPU side (clocks), not the pick.
 
-Result (notes/h200-2026-12-01b/grouped-modes.txt): falsified. All four runs picked 128x256x64/3/8;
+Result: falsified. All four runs picked 128x256x64/3/8;
 the kernel took 1478-1538 us and the loop 1355-1496 us (ratios 0.88-1.01x): the modes are the GPU's.
 
     python3 benchmarks/explore/gemm_grouped/grouped_modes.py [RUNS]     (GPU)

@@ -1,9 +1,9 @@
 """Device check (not a casebook run): why the matmul ceiling reads lower than the cases' own matmuls.
 
-On two H200s in 2026-12-01d the measured bf16 ceiling (`casebook hardware`, the fastest repetition of
+On two H200s the measured bf16 ceiling (`casebook hardware`, the fastest repetition of
 warm back-to-back torch.matmul) read 727 and then 683 TFLOP/s, while the same runs' cold-cache case points
 reached 775-786 and 735-750: cuBLAS at 4096^3 took 183 us in the case and at least 201 us in the
-ceiling, minutes apart on one machine. Sessions before read 764 and 802. The gate then refused honest
+ceiling, minutes apart on one machine. Earlier runs read 764 and 802. The gate then refused honest
 points as faster than physics. Two hypotheses, with predictions written before running:
 
 H1 clocks ramping. The ceiling is measured first, on an idle GPU, within ~100 ms per shape; the SM clock
@@ -14,7 +14,7 @@ H2 duty cycle. The case points are timed behind an L2 flush and a device-side de
    pulls the clock down. Prediction: at one moment, the cold protocol (flush + delay) gives a fastest
    repetition at least 5% faster than the warm one.
 
-Measured on an H200 (2026-12-01d, notes/h200-2026-12-01d/ceiling_clocks.txt): both falsified, and
+Measured on an H200: both falsified, and
 the data showed the cause. H1: the first, idle-start measurement was the fastest (4096^3: 768
 TFLOP/s; 8192^3: 792 at best), not the slowest. H2: cold was not faster than warm at one moment
 (750 against 768, measured after it). After 3 s of 8192^3 the SM clock sat at 1470 MHz at 688 of

@@ -1,6 +1,6 @@
 """Device check (not a casebook run): why the H200's fp16 matmul ceiling reads below its bf16 one.
 
-`casebook hardware` measured 797 TFLOP/s bf16 and 717 fp16 (results/nvidia-h200, 2026-12-01e) with the
+`casebook hardware` measured 797 TFLOP/s bf16 and 717 fp16 (an H200 run) with the
 same shapes, rests and protocol; the tensor cores' fp16 and bf16 rates are the same on paper (989.5
 dense, H200 datasheet). The ceiling times unscaled randn operands; the cases scale B by K^-1/2.
 
@@ -11,7 +11,7 @@ bf16's values (three low mantissa bits zero) is within 2% of bf16; scaling B by 
 dtype by more than 2% (it moves exponents, not mantissas); under 1.5 s of sustained load the SM clock of
 fp16 randn is lower than bf16's by about the time ratio, at the same power.
 
-Measured on an H200 (notes/h200-2026-12-01f/fp16_ceiling.txt; TFLOP/s, rested best / sustained 1.5 s
+Measured on an H200 (TFLOP/s, rested best / sustained 1.5 s
 with its median SM clock):
 - 8192^3: bf16 797 / 671 at 1508 MHz; fp16 765 / 648 at 1448; fp16 holding bf16 values 777 / 676 at
   1515; bf16 scaled 794 / 669; fp16 scaled 669 / 646 at 1433.

@@ -1,7 +1,9 @@
-"""Device exploration (not a casebook run): every TMA-persistent configuration against cuBLAS, one by one.
+"""Device exploration: which TMA-persistent configuration matches cuBLAS, each timed alone?
+
+Not a casebook run.
 
 gemm_tiled's claim (0.95x cuBLAS at 4096^3 and 8192^3 bf16) held at one size and failed at the other
-in each of two sessions, the sizes swapping: 0.983x / 0.913x, then 0.907x / 1.002x. The write-up
+in each of two runs, the sizes swapping: 0.983x / 0.913x, then 0.907x / 1.002x. The write-up
 blames which configuration the autotuner picked and the clocks cuBLAS met. This measures each
 configuration with the casebook harness, cuBLAS between them (so clock drift shows), and then what the
 autotuner picks, to tell "no configuration reaches 0.95x" from "the autotuner picks the wrong one".

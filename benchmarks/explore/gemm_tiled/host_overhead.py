@@ -1,7 +1,7 @@
 """Device exploration (not a casebook run): where a TMA GEMM call's 100-200 us of host time goes.
 
 casebook records each call's host issue time; the persistent TMA GEMM's is 90-200 us at every shape
-(2026-12-01c), against 10-20 us for torch.matmul and 35-70 us for the softmax Triton kernels. At
+(then), against 10-20 us for torch.matmul and 35-70 us for the softmax Triton kernels. At
 4096^3 that is as long as the GEMM's compute floor, so the fused kernel there is filed `launch (host)`.
 The suspects: three host tensor descriptors per call (built in Python, encoded by the launcher), the
 autotuner's dispatch (key, pre-hook), Triton's argument specialisation.
@@ -10,7 +10,7 @@ Prediction, written before the run: most of the time is in Triton's launch path 
 the descriptors' handling), not in casebook's wrapper; the tiled schedule (no descriptors) costs
 half as much.
 
-Measured (notes/h200-2026-12-01c/host_overhead.txt, then host_overhead-after.txt once gemm_common
+Measured (and again once gemm_common
 cached the device properties): the first half held, the second did not. Under cProfile the
 autotuner's dispatch and Triton's launch were 55% of the call, casebook's TMA check 19% (12 us
 without the profiler, 8 us after the fix), the three descriptors 9 us. The tiled schedule cost 86%

@@ -1,8 +1,9 @@
-"""Device check (not a casebook run): what the L2 flush leaves behind, and how many repetitions a
-stable median needs.
+"""Device check: what does the L2 flush leave behind, and how many repetitions does a stable median need?
 
-Issue 3 asks two consecutive runs to agree within 2% at every point above 20 us. In 2026-12-01c they
-did at 131 of 133; the misses were 0.8-1.1 us moves at 23-38 us (torch.compile at 32 x 128256, and
+Not a casebook run.
+
+Issue 3 asks two consecutive runs to agree within 2% at every point above 20 us. With the earlier stopping
+rule they did at 131 of 133; the misses were 0.8-1.1 us moves at 23-38 us (torch.compile at 32 x 128256, and
 the 64 MB shape 32768 x 1024). Two hypotheses, each with its prediction, written before any run:
 
 A. Too few repetitions. The stopping rule (normal-theory standard error of the median under 0.5%)
@@ -24,7 +25,7 @@ flushes alternating, and prints per flush: the pooled median and p10, the spread
 and the spread of the medians of each block's first 20 repetitions. Running it twice (two processes)
 shows whether a process-level shift remains once the sampling noise is gone.
 
-Measured on an H200 (2026-12-01d, notes/h200-2026-12-01d/flush_and_stability.txt), two processes:
+Measured on an H200, two processes:
 A held. With the writing flush, medians of 20-repetition blocks scattered 1.0-2.4%, of 200-repetition
 blocks 0.1-1.0%, and the two processes' pooled medians agreed within 0.1% (36.67/36.64 us for the
 64 MB copy, 24.35/24.35 for torch.compile at 32 x 128256). The stopping rule became the median's

@@ -1,7 +1,7 @@
 """Device check (not a casebook run): do rotated inputs make CUDA-graph replay measure a cold cache?
 
 casebook times `graph: true` points by replaying a CUDA graph of calls, where nothing can flush L2
-between calls. Since 2026-12-01c a cold-cache point takes fresh copies of its inputs in turn inside the
+between calls. A cold-cache point takes fresh copies of its inputs in turn inside the
 graph, enough to span twice the L2 (`bench.input_sets`). This script times one small bandwidth-bound
 call three ways with casebook's harness:
 
@@ -15,7 +15,7 @@ bandwidth stays under the measured copy rate (~4.2 TB/s) and within 15% of the e
 (the graph saves each call's launch latency, ~2.7 us, so it can be a little faster). At 16384 x 4096
 (128 MiB, past the L2) all three agree within 10%, and the rotation takes a single set.
 
-Measured on an H200 (2026-12-01d, notes/h200-2026-12-01d/graph_rotation.txt): at 256 x 4096 the
+Measured on an H200: at 256 x 4096 the
 prediction failed. The warm graph ran 4.32 us (0.97 TB/s), nowhere near the copy rate, and the
 rotated graph (60 sets) 4.61 us, 42% under the events-and-flush time (8.00 us), not within 15%: a
 2 MiB softmax on 132 SMs is bound by latency (one wave of 256 rows), not bandwidth, so a graph saves

@@ -1,5 +1,7 @@
-"""Device exploration (not a casebook run): softmax rows of 32K-256K columns split over a thread-block
-cluster, the (max, sum) exchanged through distributed shared memory. Issue 4's 64K and 256K bars.
+"""Device exploration: do 32K-256K softmax rows split over a thread-block cluster reach the copy rate?
+
+Not a casebook run: the (max, sum) exchanged through distributed shared memory; issue 4's 64K and 256K
+bars.
 
 What the case found (cases/softmax_fusion.yaml): `triton_online` splits a long row over programs of 8K
 columns that hold their chunk in registers and meet at a per-row barrier in global memory (an atomic
@@ -23,7 +25,7 @@ more (triton_online 3.13), at 1024 x 262144 3.5 or more (2.85), at 4096 x 32768 
 If it stays near triton_online's rates instead, the barrier was not what held the split kernel back, and
 the load-free phases of each CTA's life (reductions, the exchange, the store's drain) are.
 
-First H200 run (notes/h200-2026-12-01g/cluster_softmax.txt): correct (fp32, bf16, fp16), and the
+First H200 run: correct (fp32, bf16, fp16), and the
 prediction failed. Best of 8-10 configurations, TB/s, triton_online in the same process in brackets:
 32K 2.94 (3.45), 64K 2.97 (3.13), 128K 2.82 (3.00), 256K 2.76 (2.87); copy 4.15-4.20. Every shape's
 best holds 4 vectors (64 B) per thread, in CTAs of 512-1024 threads; 8 vectors take 128 registers
@@ -40,11 +42,11 @@ three 64 KB CTAs (or six 32 KB ones) per SM keep up to ~192 KB in flight.
 Prediction, written before its run: 3.7 TB/s or more at 32K-256K bf16 for the best configuration.
 
 The bulk kernel went into the case as `cluster_bulk` (casebook/kernels/softmax_cluster.py: 64 KB
-chunks, 8 KB pieces, 512 threads). The case run (notes/h200-2026-12-01g/softmax-cluster/) read 3.78 TB/s
+chunks, 8 KB pieces, 512 threads). The case run read 3.78 TB/s
 at 4096 x 32768 against 3.86 at 4096 x 65536. `--tail` asks whether that is the grid's last wave.
 Prediction: at 3960 and 4356 rows (whole waves) 3.85 TB/s or more; at 4096 rows 3.78 again.
 
-`--persist` (2026-12-01h): the tail's fit says a launch of the kernel costs ~7 us more than a copy's, the
+`--persist`: the tail's fit says a launch of the kernel costs ~7 us more than a copy's, the
 fill and drain of the bytes in flight. The kernel became persistent: as many clusters as the device
 holds at once, each refilling a piece's shared memory with the same piece of its next row as soon as the
 piece is stored, so the next row's loads overlap this row's stores and the pipe empties once per launch,

@@ -1,6 +1,6 @@
-"""Device exploration of 2026-11-30 (not a casebook run): softmax long-row designs and the TMA GEMM.
+"""Device exploration (not a casebook run): which softmax long-row design, and does a TMA GEMM reach cuBLAS?
 do_bench medians with L2 cleared; correctness against torch.softmax / torch.matmul on each candidate.
-Its output is notes/h200-2026-11-30/explore-softmax-gemm.txt.
+What it found is in notes/softmax_fusion.md ("Rows split across programs").
 
 The "v1_online" column there is the kernel module as of commit 6e81945; to compare against it again:
     git show 6e81945:casebook/kernels/softmax_fusion.py > benchmarks/explore/softmax_fusion/softmax_v1.py

@@ -1,4 +1,4 @@
-"""Device exploration of 2026-12-01 (not a casebook run), before changing the kernels' defaults:
+"""Device exploration (not a casebook run): do packed bf16 chunks lift softmax, and what does the GELU epilogue cost?
 
 1. softmax: does holding the loaded bf16 chunk (packed, exp recomputed on the way out) instead of its fp32
    exponentials lift the long rows toward the copy rate? Split-kernel configurations (chunk x warps x
@@ -6,8 +6,8 @@
 2. gemm_epilogue: what the GELU epilogue costs on the persistent TMA GEMM in its erf and tanh forms,
    with one or two programs per SM and with warp specialisation, beside cuBLAS and the library rungs.
 
-Timed by casebook's own harness (cold L2, events, median). Output:
-notes/h200-2026-12-01/explore-packed-epilogue.txt. It ran with the softmax module of commit 8a9219e
+Timed by casebook's own harness (cold L2, events, median), before changing the kernels' defaults;
+the findings are in notes/softmax_fusion.md and cases/gemm_epilogue.yaml. It ran with the softmax module of commit 8a9219e
 and the gemm_common of commit c7b49fc, which have the knobs it turns (HOLD_INPUT, WARP_SPECIALIZE, the
 tanh form through exp2); both knobs were measured slower and removed after, so to run it again, check
 those two modules out first:

@@ -1,6 +1,6 @@
 """Device exploration (not a casebook run): does prefetching the next row or chunk lift long-row softmax?
 
-The packed-bf16 experiment (notes/softmax_fusion.md, 2026-12-01) showed that registers are not what
+The packed-bf16 experiment (notes/softmax_fusion.md) showed that registers are not what
 holds bf16 long rows at 69-76% of the copy rate. The remaining suspect is the load-free phases of each
 program's life: reductions, the row barrier's wait, the store's drain. These kernels are persistent:
 each program walks rows (or one chunk of many rows), and the next item's load is in flight while this

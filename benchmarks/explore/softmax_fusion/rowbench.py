@@ -1,4 +1,4 @@
-"""What the softmax row explorations share: their inputs, and the line each timing prints.
+"""Shared by the softmax row explorations (answers no question itself): their inputs and timing line.
 
 Imported by the scripts beside it (run as `python3 benchmarks/explore/SCRIPT.py`, so this directory
 is on the path); GPU only.

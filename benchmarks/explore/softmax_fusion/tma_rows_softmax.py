@@ -1,5 +1,6 @@
-"""Device exploration (not a casebook run): softmax rows of 8K-32K columns streamed whole through
-shared memory by TMA. Issue 4's 32K bar.
+"""Device exploration: do 8K-32K softmax rows streamed whole through shared memory by TMA reach 3.8 TB/s?
+
+Not a casebook run; issue 4's 32K bar.
 
 What the case found (cases/softmax_fusion.yaml): at 4096 x 32768 bf16 the best kernel,
 `triton_online`'s streaming-rows path, reaches 3.44 TB/s against a 4.15 TB/s copy. It prefetches the
@@ -25,7 +26,7 @@ one-pass kernel is already at the copy rate there.
 If it misses, the split between the producer's TMA and the consumers' three passes is the first thing
 to time.
 
-First H200 run (notes/h200-2026-12-01e/tma_rows.txt): correct, but short of the prediction.
+First H200 run: correct, but short of the prediction.
 - 4096 x 32768: 3.68 TB/s (triton_online 3.45, copy 4.15).
 - 8192 x 16384: 3.52; 16384 x 8192: 3.09, both below triton_online (3.80, 4.09).
 
@@ -47,7 +48,7 @@ Each is timed alone and together. Prediction: at 32K, one exponential brings ~3.
 changes nothing, since it stays 3. At 8K and 16K, depth brings both to within 3% of triton_online,
 and one exponential adds less.
 
-Second H200 run (notes/h200-2026-12-01e/tma_rows-2.txt), TB/s:
+Second H200 run, TB/s:
 
 | shape | triton_online | v1 | one exp, 3 slots | deeper ring | both |
 |---|---|---|---|---|---|
@@ -69,7 +70,7 @@ then held only while it loads, computes and is read out, and up to two rows load
 Prediction: 4096 x 32768 reaches 3.9 TB/s; 16K and 8K gain a few percent (their rings are deeper
 already).
 
-Third run (tma_rows-3.txt): missed. 4096 x 32768 3.65 TB/s with or without the storer; 8192 x 16384
+Third run: missed. 4096 x 32768 3.65 TB/s with or without the storer; 8192 x 16384
 3.77 (no change); 16384 x 8192 3.45 (from 3.35). The slot turnover is not what limits 32K. Next
 measurement, before any change: the same ring with the math taken out (`math=False`), a copy through
 shared memory by TMA. If it too stops near 3.65, the limit is the transfer (one 64 KB box per row,

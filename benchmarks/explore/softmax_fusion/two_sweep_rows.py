@@ -1,5 +1,6 @@
-"""Device exploration (not a casebook run): long rows swept twice by persistent programs, the second
-sweep served from L2.
+"""Device exploration: do long rows swept twice by persistent programs get their second sweep from L2?
+
+Not a casebook run.
 
 The split kernel (one read, one write) holds 64K-256K bf16 rows at 2.9-3.1 TB/s; the whole-row
 persistent kernel lifted 32K from 3.1 to 3.45 by keeping loads in flight, but rows over 32K do not fit
@@ -22,7 +23,7 @@ Prediction (written before the run): at 64K bf16, 3.6 TB/s or more for the best 
 programs the working set (67 MB) exceeds L2 and the second sweep misses: expect no gain unless fewer
 programs (64: 33 MB) can still pull the bandwidth.
 
-Result (notes/h200-2026-12-01b/two-sweep.txt): falsified. Best at 64K bf16 2.74 TB/s (two_sweep,
+Result: falsified. Best at 64K bf16 2.74 TB/s (two_sweep,
 8K chunk, 16 warps, 2 per SM) against 3.12 committed; flat at most 1.87. Bandwidth rose with warps,
 chunk and programs per SM, and 256K (working set far past L2) did as well as 64K: the kernels are
 latency-bound per chunk (a block-wide reduction and a wait on each chunk's load), not L2-bound.
