@@ -285,9 +285,9 @@ def _cpu_sampler(fn: Callable[[], object], flush: bool) -> Callable[[int], list[
 
 def count_launches(fn: Callable[[], object]) -> dict[str, int]:
     """Kernels one call runs on the GPU, counted with the profiler: launched directly, or replayed in a graph."""
-    from torch.profiler import ProfilerActivity, profile
-
     import warnings
+
+    from torch.profiler import ProfilerActivity, profile
 
     try:
         with warnings.catch_warnings():

@@ -119,7 +119,8 @@ def read_yaml(path: str | Path) -> tuple[dict, Lines]:
         raise CaseError(path, 1, "file", "is empty: a case is a YAML mapping of fields (schema_version, id, ...)")
     if not isinstance(data, dict):
         kind = "a list" if isinstance(data, list) else f"a single value ({data!r:.40})"
-        raise CaseError(path, 1, "file", f"top level is {kind}; a case is a mapping of fields (schema_version, id, ...)")
+        raise CaseError(path, 1, "file",
+                        f"top level is {kind}; a case is a mapping of fields (schema_version, id, ...)")
     return data, Lines(path, lines)
 
 

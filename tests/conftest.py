@@ -45,7 +45,7 @@ def softmax_text() -> str:
 
 @pytest.fixture
 def make_case(tmp_path: Path, softmax_text: str):
-    """Write `<tmp>/cases/<name>.yaml`: the softmax case with its id set to `name` and each `edits` pair applied once."""
+    """Write `<tmp>/cases/<name>.yaml`: the softmax case with its id set to `name`, each `edits` pair applied once."""
 
     def make(edits: dict[str, str] | None = None, name: str = "softmax_fusion", text: str | None = None) -> Path:
         if text is None:

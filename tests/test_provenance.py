@@ -6,10 +6,11 @@ import runpy
 from pathlib import Path
 
 import yaml
-from conftest import REPO, SMALL_CASE
 
 from casebook import provenance
 from casebook.load import load_case
+
+from conftest import REPO, SMALL_CASE
 
 
 def test_a_change_to_an_imported_kernel_module_changes_the_hash(tmp_path):
@@ -40,14 +41,15 @@ def test_import_cycles_end(tmp_path):
 
 
 def test_a_module_without_kernel_imports_hashes_its_own_bytes(tmp_path):
-    import hashlib
 
     (tmp_path / "k.py").write_text("from casebook.traffic import Traffic\n")
-    assert provenance.kernel_sha256("k", tmp_path) == hashlib.sha256(b"from casebook.traffic import Traffic\n").hexdigest()
+    source = b"from casebook.traffic import Traffic\n"
+    assert provenance.kernel_sha256("k", tmp_path) == hashlib.sha256(source).hexdigest()
 
 
 def test_kernel_imports_reads_every_import_form():
-    src = b"from casebook.kernels import a\nfrom casebook.kernels.b import x\nimport casebook.kernels.c\nfrom .d import y\n"
+    src = (b"from casebook.kernels import a\nfrom casebook.kernels.b import x\nimport casebook.kernels.c\n"
+           b"from .d import y\n")
     assert provenance.kernel_imports(src) == {"a", "b", "c", "d"}
 
 

@@ -174,7 +174,8 @@ def test_end_to_end_partial_and_missing():
 
 
 def doc_with(kernel=(), workload=(), e2e_status="ok", held=(True,)) -> dict:
-    return {"kernel_level": [{"status": s} for s in kernel], "workload_level": {"points": [{"status": s} for s in workload]},
+    return {"kernel_level": [{"status": s} for s in kernel],
+            "workload_level": {"points": [{"status": s} for s in workload]},
             "end_to_end": {"status": e2e_status}, "claims": [{"held": h} for h in held]}
 
 
@@ -238,7 +239,8 @@ levels:
     variant: honest
 claims:
   - {kind: throughput, text: "The honest kernel moves some bytes.", variant: honest, at_least_gbps: 1.0e-6}
-  - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0, level: kernel}
+  - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0,
+     level: kernel}
   - {kind: regime, text: "Only on an H200.", variant: honest, regime: compute, hardware: [nvidia-h200]}
   - {kind: speedup, text: "Honest is faster than honest after a sleep.", variant: honest, over: slower, at_least: 1.5,
      level: kernel, where: {shapes: [{rows: 16, cols: 32}]}}
@@ -369,7 +371,8 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
     [path] = stored
     doc = json.loads(path.read_text())
     bad = [f"{p['variant']} {p['shape']} {p['dtype']}: {p['status']}: {p.get('error')}"
-           for p in doc["kernel_level"] + doc["workload_level"]["points"] if p["status"] not in ("ok", "checked", "skipped")]
+           for p in doc["kernel_level"] + doc["workload_level"]["points"]
+           if p["status"] not in ("ok", "checked", "skipped")]
     assert proc.returncode == 0, "\n".join(bad) + f"\nceilings: {doc['hardware']['measured']}\n" + proc.stderr[-2000:]
     result = Result.model_validate(doc)
     assert results.load(path) == result and not run.failed(doc)

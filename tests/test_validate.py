@@ -105,7 +105,8 @@ def test_variants_take_the_reference_arguments(make_case, tmp_path, line_of):
                      .replace("def torch_softmax(x: torch.Tensor)", "def torch_softmax(x, dim: int = -1)"))
     path = make_case()
     assert problems(path) == [f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not "
-                              "take the arguments of reference(x): the input maker's tensors are passed to both by name"]
+                              "take the arguments of reference(x): the input maker's tensors are passed to both by "
+                              "name"]
 
 
 def test_signatures_not_judged_when_not_plain(tmp_path):

@@ -24,7 +24,6 @@ WORKFLOWS = REPO / ".github" / "workflows"
 SCRIPTS = REPO / ".github" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-import changed_cases  # noqa: E402
 import correctness  # noqa: E402
 
 
@@ -80,7 +79,8 @@ def test_no_pull_request_target_and_no_credentials_kept(path):
 def test_actions_are_pinned_to_commits(path):
     for step in steps(yaml.safe_load(path.read_text())):
         if "uses" in step:
-            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), f"{path.name}: {step['uses']} is not pinned"
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), \
+                f"{path.name}: {step['uses']} is not pinned"
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)

@@ -98,7 +98,8 @@ def test_erf_fit_is_exact_to_16_bit_precision(bf16, bound):
 def test_bf16_output_takes_the_shorter_fit(lowered_forms):
     """One FMA per accumulator element fewer when the output rounds to bf16: 128 per thread in each of
     the two consumers' code."""
-    fma = {form: len(re.findall(r"\bfma\.rn(?:\.ftz)?\.f32\b", lowered_forms[form]["ptx"])) for form in ("erf", "erf fp16")}
+    fma = {form: len(re.findall(r"\bfma\.rn(?:\.ftz)?\.f32\b", lowered_forms[form]["ptx"]))
+           for form in ("erf", "erf fp16")}
     assert fma["erf fp16"] - fma["erf"] == 2 * 128, fma
 
 

@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from casebook.check import TOLERANCE, TORCH_DTYPES
-from casebook.kernels import gemm_common, gemm_tiled as mod
+from casebook.kernels import gemm_common
+from casebook.kernels import gemm_tiled as mod
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = yaml.safe_load((REPO / "cases" / "gemm_tiled.yaml").read_text())
