@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOFTMAX = REPO / "cases" / "softmax_fusion.yaml"
+SOFTMAX = REPO / "tests" / "fixtures" / "cases" / "softmax_fusion.yaml"
+"""The tests' frozen copy of the softmax case (the same kernel, levels and claims, a short write-up):
+what the tests copy and edit, so that an edit to the real case cannot break them."""
 FIXTURES = REPO / "tests" / "fixtures"
 SMALL_CASE = FIXTURES / "cases" / "scaled_add.yaml"
 """The tests' own small case: a scaled add on the CPU, relying on every default of the format."""
@@ -39,13 +41,14 @@ def small_case(tmp_path: Path):
 
 @pytest.fixture
 def softmax_text() -> str:
-    """The real softmax case, as text."""
+    """The tests' softmax case (tests/fixtures/cases/softmax_fusion.yaml), as text."""
     return SOFTMAX.read_text()
 
 
 @pytest.fixture
 def make_case(tmp_path: Path, softmax_text: str):
-    """Write `<tmp>/cases/<name>.yaml`: the softmax case with its id set to `name`, each `edits` pair applied once."""
+    """Write `<tmp>/cases/<name>.yaml`: the tests' softmax case with its id set to `name`, each `edits` pair applied
+    once."""
 
     def make(edits: dict[str, str] | None = None, name: str = "softmax_fusion", text: str | None = None) -> Path:
         if text is None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 from casebook import counters
 
-CASE = Path(__file__).parents[1] / "cases" / "softmax_fusion.yaml"
+from conftest import SOFTMAX as CASE
 
 
 def _csv(read: float, write: float, kernels: int) -> str:

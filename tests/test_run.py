@@ -408,7 +408,7 @@ def test_checkpoint_after_each_variant_but_the_last(tmp_path, monkeypatch):
 
     seen: list[dict] = []
     monkeypatch.setattr(run_mod, "run_isolated", lambda work, tasks, **kw: [{"status": "checked"} for _ in tasks])
-    doc = run_mod.run_case(REPO / "cases" / "softmax_fusion.yaml", checkpoint=seen.append)
+    doc = run_mod.run_case(SOFTMAX, checkpoint=seen.append)
     variants = [v["name"] for v in doc["variants"]]
     assert doc["complete"] is True
     assert [len(d["variants"]) for d in seen] == list(range(1, len(variants)))
@@ -423,7 +423,7 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
 
     path = tmp_path / "cases" / "softmax_fusion.yaml"
     path.parent.mkdir()
-    path.write_text((REPO / "cases" / "softmax_fusion.yaml").read_text())
+    path.write_text(SOFTMAX.read_text())
     before = case_sha256(path)
 
     def edit_then_stub(work, tasks, **kw):

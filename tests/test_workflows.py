@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, SOFTMAX
 
 WORKFLOWS = REPO / ".github" / "workflows"
 SCRIPTS = REPO / ".github" / "scripts"
@@ -173,7 +173,7 @@ def repo(tmp_path: Path) -> Path:
     kernels.mkdir(parents=True)
     shutil.copytree(REPO / "casebook", tmp_path / "casebook", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__", "kernels"))
-    softmax = (REPO / "cases" / "softmax_fusion.yaml").read_text()
+    softmax = SOFTMAX.read_text()
     (tmp_path / "cases" / "softmax_fusion.yaml").write_text(softmax)
     (tmp_path / "cases" / "shared_user.yaml").write_text(
         softmax.replace("\nid: softmax_fusion\n", "\nid: shared_user\n").replace("  module: softmax_fusion",
