@@ -17,6 +17,16 @@ SMALL_CASE = FIXTURES / "cases" / "scaled_add.yaml"
 """The tests' own small case: a scaled add on the CPU, relying on every default of the format."""
 
 
+SLOW_FIXTURES = frozenset({"built", "plot_cache", "cheats_run", "payloads"})
+"""Fixtures that build the site or run child processes: every test using one is marked `slow`."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def small_case(tmp_path: Path):
     """Write a scratch book at `<tmp>`: `cases/scaled_add.yaml` (each `edits` pair applied once, or `text`)

@@ -31,6 +31,7 @@ print("HEAVY", [m for m in {heavy!r} if m in sys.modules])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["validate", "--help"], ["run", "--help"]])
 def test_help_is_fast_and_imports_nothing_heavy(args):
     best = float("inf")
@@ -193,6 +194,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_new_scaffold_kernel_is_correct_on_cpu(cli, book):
     pytest.importorskip("triton")
     assert cli("new", "scaled_add").exit_code == 0

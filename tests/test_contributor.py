@@ -19,6 +19,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # site builds and child-process runs
+
 CASE = "contrib_rmsnorm"
 """The contributor's case: a fused RMSNorm, not a copy of any case in the book."""
 

@@ -357,6 +357,7 @@ REQUIRED = ("variant", "shape", "dtype", "median_us", "p10_us", "p90_us", "gbps"
             "roof_fraction", "regime", "correct", "max_rel_err")
 
 
+@pytest.mark.slow
 def test_softmax_case_runs_on_a_cpu(tmp_path):
     """`casebook run cases/softmax_fusion.yaml`: exit 0, a valid stored result, Triton checked through the
     interpreter. About 35-60 s on a 2-core machine (ceilings measured afresh included)."""

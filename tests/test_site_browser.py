@@ -19,6 +19,8 @@ from casebook.render.book import load_book
 
 from site_helpers import build_site, copy_cases, copy_results
 
+pytestmark = pytest.mark.slow  # site builds and child-process runs
+
 CHROMIUM = "/usr/bin/chromium"
 SCREENS = Path(os.environ.get("CASEBOOK_SCREENS", "/tmp/screens"))
 

@@ -142,6 +142,7 @@ SM90_COMPILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_largest_gpu_configs_compile_for_sm90():
     """Without a GPU: Triton compiles each kernel, with its two largest configs, to sm90 (ptxas is bundled)."""
     try:
