@@ -36,7 +36,7 @@ export CASEBOOK_CACHE="$out/cache" PYTHONUNBUFFERED=1
 run_case() {  # run_case CASE SECONDS [ARGS...]
   local case=$1 limit=$2
   shift 2
-  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --results "$out/results" "$@" \
+  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --save --results "$out/results" "$@" \
     > "$out/logs/$case.txt" 2> "$out/logs/$case.err"
   echo "$case: exit $?"
   grep -A20 '^Claims' "$out/logs/$case.txt" | head -12
@@ -52,7 +52,7 @@ case "${1:-}" in
     cat "$out/logs/copy.txt" ;;
   softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
     mkdir -p "$out/rerun"
-    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_rerun.txt" 2>&1
     echo "softmax rerun: exit $?"
     python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json \
@@ -61,7 +61,7 @@ case "${1:-}" in
                  # runs would), compared: the run-to-run figure
     mkdir -p "$out/rerun"
     for i in 1 2; do
-      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun/run$i" \
+      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun/run$i" \
         > "$out/logs/softmax_run$i.txt" 2>&1
       echo "softmax run $i: exit $?"
     done
@@ -70,7 +70,7 @@ case "${1:-}" in
   softmax-full)  # the result to commit (with counters), then a second run on this machine, compared
     mkdir -p "$out/rerun"
     run_case softmax_fusion 320 --counters
-    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_run2.txt" 2>&1
     echo "softmax run 2: exit $?"
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
