@@ -52,8 +52,10 @@ def new(name: Annotated[str, typer.Argument(metavar="NAME", help="Case id: lower
 
 @app.command()
 def validate(
-    paths: Annotated[Optional[list[Path]], typer.Argument(metavar="PATHS", help="Case files or folders (default: cases/).")] = None,
-    strict: Annotated[bool, typer.Option(help="Also what a reviewer would reject: stale or missing results, CPU check path.")] = False,
+    paths: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="PATHS", help="Case files or folders (default: cases/).")] = None,
+    strict: Annotated[bool, typer.Option(help="Also what a reviewer would reject: stale or missing results, CPU check "
+                                              "path.")] = False,
 ) -> None:
     """Validate cases: schema, file:line errors, cross-case links, kernel names (never executed)."""
     from casebook.commands import validate as impl
@@ -63,7 +65,8 @@ def validate(
 
 @app.command("check")
 def check(
-    paths: Annotated[Optional[list[Path]], typer.Argument(metavar="PATHS", help="Case files or folders (default: cases/).")] = None,
+    paths: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="PATHS", help="Case files or folders (default: cases/).")] = None,
 ) -> None:
     """Everything a reviewer would reject, before you push (validate --strict)."""
     from casebook.commands import validate as impl
@@ -108,12 +111,15 @@ def run(
     case: Annotated[Path, typer.Argument(metavar="CASE", help="The case YAML.")],
     variant: Annotated[Optional[list[str]], typer.Option(help="Only these variants (repeatable).")] = None,
     quick: Annotated[bool, typer.Option(help="Fewer repetitions: a smoke run, not a result to publish.")] = False,
-    counters: Annotated[bool, typer.Option(help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
+    counters: Annotated[bool, typer.Option(
+        help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result document.")] = False,
-    results: Annotated[Path, typer.Option(help="The stored results: compared with, and written by --save.")] = Path("results"),
+    results: Annotated[Path, typer.Option(
+        help="The stored results: compared with, and written by --save.")] = Path("results"),
     timeout: Annotated[float, typer.Option(help="Seconds each variant's child process may run.")] = 600.0,
     save: Annotated[bool, typer.Option("--save", help="Also store the run in results/<hardware>/<case>.json.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="With --save: replace a current stored result even with a slower or noisier run.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="With --save: replace a current stored result even with a slower or noisier run.")] = False,
 ) -> None:
     """Check, time, place on the roofline and compare one case, at the three levels; the run is kept under
     $CASEBOOK_CACHE/runs (results/ only with --save)."""
@@ -127,7 +133,8 @@ def run(
 def record(
     run_file: Annotated[Path, typer.Argument(metavar="RUN.json", help="A run's result, as `casebook run` kept it.")],
     results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
-    force: Annotated[bool, typer.Option("--force", help="Replace a current stored result even with a slower or noisier run.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a current stored result even with a slower or noisier run.")] = False,
 ) -> None:
     """Store a run as results/<hardware>/<case>.json: the explicit act that changes the book's results."""
     from casebook.commands import record as impl

@@ -39,6 +39,7 @@ print("HEAVY", [m for m in {heavy!r} if m in sys.modules])
 """
 
 
+@pytest.mark.slow
 def _command_names() -> list[str]:
     from casebook.cli import app
 
@@ -91,7 +92,8 @@ def test_validate_reports_every_file(cli, make_case, line_of):
     result = cli("validate", good, bad)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; did you mean 'cache'?",
+    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; "
+                     "did you mean 'cache'?",
                      "2 case files checked: 1 error in 1 file"]
 
 
@@ -107,7 +109,8 @@ def test_validate_long_lines_are_never_wrapped(cli, make_case):
 @pytest.fixture
 def two_cases(make_case, tmp_path, monkeypatch):
     make_case(name="softmax_fusion")
-    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  arithmetic",
+    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  "
+                                                                                              "arithmetic",
                "patterns: [fusion, online_reduction, specialization]": "patterns: [fusion, persistent]"},
               name="layernorm_fusion")
     monkeypatch.chdir(tmp_path)
@@ -220,6 +223,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_new_scaffold_kernel_is_correct_on_cpu(cli, book):
     pytest.importorskip("triton")
     assert cli("new", "scaled_add").exit_code == 0

@@ -56,7 +56,8 @@ def test_identify_names_this_cpu_by_the_rule(monkeypatch):
 
 def test_ceilings_apart_over_a_fifth():
     a = {"copy_gbps": 45.9, "matmul_tflops": {"fp32": 0.2}}
-    assert roofline.ceilings_apart(a, {"copy_gbps": 19.3, "matmul_tflops": {"fp32": 0.21}}) == ["copy 45.9 vs 19.3 GB/s"]
+    b = {"copy_gbps": 19.3, "matmul_tflops": {"fp32": 0.21}}
+    assert roofline.ceilings_apart(a, b) == ["copy 45.9 vs 19.3 GB/s"]
     assert roofline.ceilings_apart(a, {"copy_gbps": 40.0, "matmul_tflops": {"fp32": 0.23}}) == []
     assert roofline.ceilings_apart(a, {"copy_gbps": 45.0, "matmul_tflops": {"fp32": 0.3}}) == [
         "fp32 matmul 0.2 vs 0.3 TFLOP/s"]

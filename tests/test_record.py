@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_stability import TINY_CASE
 
 from casebook.commands.record import refusal
 
 from conftest import REPO
-from test_stability import TINY_CASE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
 

@@ -129,7 +129,8 @@ def _points_table(title: str, points: list[dict], weighted: bool = False) -> Tab
                   _fmt(p.get("gbps"), ".0f"), _fmt(p.get("tflops"), ".2f"),
                   _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".0f"), _regime(p),
                   _fmt(p.get("speedup"), ".2f"), _fmt(p.get("max_rel_err"), ".1e"),
-                  f"[{STATUS_STYLE.get(status, '')}]{status}[/]" + (" [yellow]unstable[/]" if p.get("unstable") else ""),
+                  f"[{STATUS_STYLE.get(status, '')}]{status}[/]"
+                  + (" [yellow]unstable[/]" if p.get("unstable") else ""),
                   *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
     return t
 
@@ -174,7 +175,8 @@ def report(doc: dict) -> None:
                 c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], "-", "-", r.get("error", "-"))
                 continue
             c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], f"{r['modelled_bytes'] / 1e6:.1f}",
-                      f"{r['measured_bytes'] / 1e6:.1f}", f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
+                      f"{r['measured_bytes'] / 1e6:.1f}",
+                      f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
         out.print(c)
     _stability(doc)
     _intensity(doc.get("arithmetic_intensity") or {})

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from casebook.load import load_case
 from casebook import provenance
+from casebook.load import load_case
 from casebook.results import load as load_result
 from casebook.roofline import ceilings_apart
 from casebook.schema import Case, Result
+
 
 class BookError(ValueError):
     """A case or result that cannot be rendered; the build fails with this message."""
@@ -69,7 +70,8 @@ class Book:
             for r in e.results:
                 keys = machines.setdefault(r.slug, [])
                 mine = r.result.hardware.get("measured") or {}
-                key = next((k for k in keys if not ceilings_apart(mine, out[k][0].result.hardware.get("measured") or {})),
+                key = next((k for k in keys
+                            if not ceilings_apart(mine, out[k][0].result.hardware.get("measured") or {})),
                            None)
                 if key is None:
                     key = r.slug if not keys else f"{r.slug}-{len(keys) + 1}"
