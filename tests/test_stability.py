@@ -97,6 +97,7 @@ writeup: {gap: "None.", remaining_bottleneck: "None."}
 """
 
 
+@pytest.mark.slow
 def test_a_run_beside_cpu_burners_marks_its_points(tmp_path, monkeypatch):
     """One process per CPU spins while a tiny case runs (about 10 s): every timed point is marked
     unstable, the summary counts them, and `check` would not publish the result. Robust to a loaded
