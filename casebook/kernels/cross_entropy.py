@@ -110,7 +110,8 @@ def _smoothed_loss(logp: torch.Tensor, target: torch.Tensor, label_smoothing: fl
     if not label_smoothing:
         return nll
     valid = target != IGNORE_INDEX
-    smooth = -(logp.sum(dim=-1) * valid).sum() / (valid.sum() * logp.shape[-1])
+    # Over the counted rows; no row counted: 0 here (the nll term is torch's NaN), not a NaN gradient.
+    smooth = -(logp.sum(dim=-1) * valid).sum() / (valid.sum().clamp(min=1) * logp.shape[-1])
     return (1 - label_smoothing) * nll + label_smoothing * smooth
 
 
@@ -229,7 +230,7 @@ TWO_SWEEP_BLOCK = 8192
 """Columns per step of a sweep: 32 KB of fp32 over 16 warps is 16 values a thread (Liger uses 64K
 columns and 32 warps on Hopper)."""
 
-INTERPRETER_BLOCK = 512
+INTERPRETER_BLOCK = 1024
 """Columns per step, and chunk of a split row, under the interpreter: small, so that the tests' rows
 span several chunks and end in a masked tail."""
 
