@@ -335,14 +335,19 @@ _split_tuned = triton.autotune(_split_configs(), key=["n_cols", "n_rows"],
 SMALLEST_CHUNK = 4096
 
 
-def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0):
-    """(mean loss, gradient) by `_split_kernel`: one read of the logits, one write of the gradient."""
+def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
+                 n_valid: torch.Tensor | None = None):
+    """(mean loss, gradient) by `_split_kernel`: one read of the logits, one write of the gradient.
+
+    `n_valid` (an int32 scalar on the device), when given, is the count the mean divides by: a chunk of
+    a larger batch's tokens (a chunked linear cross-entropy) then returns its share of the batch's mean
+    loss and its rows of the batch's gradient."""
     _check_args(logits, target)
     x = logits.contiguous()
     n_rows, n_cols = x.shape
     grad = torch.empty_like(x)
     losses = torch.empty(n_rows, device=x.device, dtype=torch.float32)
-    n_valid = _n_valid(target)
+    n_valid = _n_valid(target) if n_valid is None else n_valid
     target = target.contiguous()
     if not n_rows:
         return losses.sum() / n_valid, grad
