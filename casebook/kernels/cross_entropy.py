@@ -13,15 +13,17 @@ The function, as a training step needs it: the mean loss over the tokens whose t
 `IGNORE_INDEX`, with label smoothing `label_smoothing`, and its gradient with respect to the logits,
 `(softmax(x) - (1 - eps) onehot(t) - eps / V) / n_valid` per counted row, zero for ignored rows. Each
 variant returns the gradient (the [tokens, vocab] tensor that the traffic model counts, and what the
-harness checks against the float64 reference); the Triton launchers return the loss beside it
-(`cross_entropy_triton`), which the tests check.
+harness checks against the float64 reference); the Triton launchers (`two_sweep_triton`,
+`split_triton`) return the loss beside it, which the tests check. A forward alone (the loss, no
+gradient) is sweep 1 of triton_two_sweep, not a rung: it moves half the floor's bytes, and one traffic
+model serves every rung.
 
 The ladder:
   eager              Hugging Face's loss: logits upcast to fp32, log_softmax, nll_loss, autograd
                      backward: the fp32 copy, the log-probabilities and their gradient all round trip
-  torch_cross_entropy  F.cross_entropy and its backward on the logits as they are: log_softmax and
-                     nll_loss kernels, then the backward's kernels: 2 reads + 1 write of the logits,
-                     the log-probabilities written and read back
+  torch_cross_entropy  F.cross_entropy and its backward on the logits as they are: log_softmax
+                     (read, write the log-probabilities), nll_loss's backward (a zero-filled d logp
+                     written), log_softmax's backward (both read, the gradient written): ~6 passes
   torch_compile      Inductor's fused forward and backward kernels for the same code
   liger              the peer: Liger-Kernel's cross-entropy, one program per row sweeping it twice
                      (online max and sum, then the gradient written over its input in place)
