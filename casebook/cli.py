@@ -126,6 +126,18 @@ def project(
 
 
 @app.command()
+def history(
+    case: Annotated[str, typer.Argument(help="The case id (or its YAML).")],
+    machine: Annotated[Optional[str], typer.Option(help="Only this machine's results (a hardware slug).")] = None,
+    repo: Annotated[Path, typer.Option(help="The git checkout whose commits hold the results.")] = Path("."),
+) -> None:
+    """A case's results over the commits: headline per variant, a verdict for every change."""
+    from casebook.commands import history as impl
+
+    raise typer.Exit(impl.main(case, repo=repo, machine=machine))
+
+
+@app.command()
 def build(
     out: Annotated[Path, typer.Option(help="Where the site is written.")] = Path("site"),
     strict: Annotated[bool, typer.Option(help="mkdocs --strict: broken links fail the build.")] = True,
