@@ -159,7 +159,8 @@ def compare(
 def project(
     case: Annotated[str, typer.Argument(help="The case id (or its YAML).")],
     to: Annotated[str, typer.Option(help="Target machine: a hardware registry slug, e.g. nvidia-b200.")],
-    source: Annotated[Optional[str], typer.Option("--from", help="The stored result's machine (default: the first GPU).")] = None,
+    source: Annotated[Optional[str], typer.Option(
+        "--from", help="The stored result's machine (default: the first GPU).")] = None,
     results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
     json_out: Annotated[bool, typer.Option("--json", help="Print the projection as JSON.")] = False,
 ) -> None:
