@@ -156,6 +156,33 @@ def compare(
 
 
 @app.command()
+def project(
+    case: Annotated[str, typer.Argument(help="The case id (or its YAML).")],
+    to: Annotated[str, typer.Option(help="Target machine: a hardware registry slug, e.g. nvidia-b200.")],
+    source: Annotated[Optional[str], typer.Option(
+        "--from", help="The stored result's machine (default: the first GPU).")] = None,
+    results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the projection as JSON.")] = False,
+) -> None:
+    """What a stored result would do on another GPU: a band per point, never a claim."""
+    from casebook.commands import project as impl
+
+    raise typer.Exit(impl.main(case, to, source, results, json_out=json_out))
+
+
+@app.command()
+def history(
+    case: Annotated[str, typer.Argument(help="The case id (or its YAML).")],
+    machine: Annotated[Optional[str], typer.Option(help="Only this machine's results (a hardware slug).")] = None,
+    repo: Annotated[Path, typer.Option(help="The git checkout whose commits hold the results.")] = Path("."),
+) -> None:
+    """A case's results over the commits: headline per variant, a verdict for every change."""
+    from casebook.commands import history as impl
+
+    raise typer.Exit(impl.main(case, repo=repo, machine=machine))
+
+
+@app.command()
 def build(
     out: Annotated[Path, typer.Option(help="Where the site is written.")] = Path("site"),
     strict: Annotated[bool, typer.Option(help="mkdocs --strict: broken links fail the build.")] = True,
