@@ -440,6 +440,9 @@ class Point(Open):
     tflops: float | None = Field(default=None, description="Achieved throughput: FLOPs over the median time, TFLOP/s.")
     arithmetic_intensity: float | None = Field(default=None, description="FLOPs per byte, from the traffic model.")
     floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, microseconds.")
+    bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds.")
+    launch_floor_us: float | None = Field(
+        default=None, description="One launch, then each further kernel at its in-graph cost, microseconds.")
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof reached.")
     regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or launch.")
     host_issue_us: float | None = Field(

@@ -373,3 +373,11 @@ def test_a_counters_row_says_why_it_has_no_gap():
     assert _gap({"gap": 0.052}) == "+5.2%"
     assert _gap({"not_applicable": "holds at most 32768 columns"}) == "not applicable: holds at most 32768 columns"
     assert _gap({"error": "ncu timed out"}) == "no counters"
+
+
+def test_a_point_shows_its_bandwidth_and_launch_floors_beside_its_median(tmp_path: Path, plot_cache: Path):
+    html = unescape(softmax_page_with(tmp_path, plot_cache, median_us=250.0, bandwidth_floor_us=125.5,
+                                      launch_floor_us=78.75))
+    assert "Floors µs: bytes · launches" in html
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if "126 · 78.8" in r)  # three figures
+    assert "triton_online" in row and ">250<" in row
