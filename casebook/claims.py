@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from casebook.schema import (Case, LatencyClaim, RegimeClaim, RoofClaim, SpeedupClaim, ThroughputClaim, Where,
-                             shape_label)
+from casebook.schema import (
+    Case,
+    LatencyClaim,
+    RegimeClaim,
+    RoofClaim,
+    SpeedupClaim,
+    ThroughputClaim,
+    Where,
+    shape_label,
+)
 from casebook.stats import weighted_geomean
 
 
