@@ -31,7 +31,8 @@ def new(name: Annotated[str, typer.Argument(help="Case id: lower_snake_case.")])
 @app.command()
 def validate(
     paths: Annotated[Optional[list[Path]], typer.Argument(help="Case files or folders (default: cases/).")] = None,
-    strict: Annotated[bool, typer.Option(help="Also what a reviewer would reject: stale or missing results, CPU check path.")] = False,
+    strict: Annotated[bool, typer.Option(help="Also what a reviewer would reject: stale or missing results, CPU check "
+                                              "path.")] = False,
 ) -> None:
     """Validate cases: schema, file:line errors, cross-case links, kernel names (never executed)."""
     from casebook.commands import validate as impl
@@ -86,7 +87,8 @@ def run(
     case: Annotated[Path, typer.Argument(help="The case YAML.")],
     variant: Annotated[Optional[list[str]], typer.Option(help="Only these variants (repeatable).")] = None,
     quick: Annotated[bool, typer.Option(help="Fewer repetitions: a smoke run, not a result to publish.")] = False,
-    counters: Annotated[bool, typer.Option(help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
+    counters: Annotated[bool, typer.Option(
+        help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result document.")] = False,
     results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
     timeout: Annotated[float, typer.Option(help="Seconds each variant's child process may run.")] = 600.0,

@@ -161,16 +161,13 @@ def measure_gpu() -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     src = torch.randn(2**28, device="cuda", generator=g)  # 1 GiB of fp32, far over L2
     dst = torch.empty_like(src)
-    copy_us = time_fn(lambda: dst.copy_(src), "cuda", proto).summary.min_us
+    copy_us = time_fn(lambda: dst.copy_(src), "cuda", proto).summary.min_us  # noqa: F821 (called before the del below)
     copy_gbps = 2 * src.numel() * 4 / copy_us / 1e3
     del src, dst
 
-    # A GPU at its power limit runs matmuls at a clock set by its recent power draw: on an H200
-    # (2026-12-01d, notes/h200-2026-12-01d/ceiling_clocks.txt) one 4096^3 bf16 matmul ran 768 TFLOP/s
-    # when the GPU had idled, 711 after 3 s of 8192^3 (SM clock 1980 -> 1470 MHz at 688 of 700 W), 771
-    # again after 2 s idle. A ceiling measured hot reads low, and the gate then refuses honest points
-    # (727 and 683 read this way against case points of 775-786 and 735-750). So each shape is timed
-    # after a rest, and the ceiling is the fastest of several shapes.
+    # A GPU at its power limit runs matmuls at a clock set by its recent power draw, so a ceiling
+    # measured hot reads low and the gate refuses honest points: each shape is timed after a rest,
+    # and the ceiling is the fastest of several shapes (docs/method.md, 3: "Ceilings are measured rested").
     def best_tflops(dtype, shapes, call=torch.matmul, b_column_major=False) -> float:
         best = 0.0
         for m, n, k in shapes:

@@ -114,7 +114,8 @@ def _point(task: Task, mod) -> dict:
         return {**out, "status": "failed", "error": str(e)}
     out.update(gbps=p.gbps, tflops=p.tflops, arithmetic_intensity=p.arithmetic_intensity, floor_us=p.floor_us,
                compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
-               launch_floor_us=p.launch_floor_us, host_issue_us=timing.host_us, roof_fraction=p.roof_fraction, regime=p.regime,
+               launch_floor_us=p.launch_floor_us, host_issue_us=timing.host_us, roof_fraction=p.roof_fraction,
+               regime=p.regime,
                attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
                bandwidth_roof_gbps=roofs.bandwidth_gbps)
     return out

@@ -47,7 +47,8 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
             report.problems += e.errors
             continue
         except Exception as e:  # a bug in casebook: still a located line, never a traceback
-            report.problems.append(CaseError(path, 1, "file", f"internal error ({type(e).__name__}: {e}); please report it"))
+            report.problems.append(CaseError(path, 1, "file",
+                                             f"internal error ({type(e).__name__}: {e}); please report it"))
             continue
         report.cases.append((path, case, lines))
     report.problems += check_ids(report.cases)
@@ -139,7 +140,8 @@ def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     if isinstance(names, str):
         return [lines.error(("kernel", "module"), f"{shown} does not parse: {names}")]
     k, e2e = case.kernel, case.levels.end_to_end
-    wanted = [(("kernel", "reference"), k.reference), (("kernel", "inputs"), k.inputs), (("kernel", "traffic"), k.traffic)]
+    wanted = [(("kernel", "reference"), k.reference), (("kernel", "inputs"), k.inputs),
+              (("kernel", "traffic"), k.traffic)]
     wanted += [(("kernel", "variants", i, "fn"), v.fn) for i, v in enumerate(k.variants)]
     wanted += [(("kernel", "variants", i, "reference"), v.reference) for i, v in enumerate(k.variants) if v.reference]
     wanted += [(("levels", "end_to_end", "scenario"), e2e.scenario), (("levels", "end_to_end", "inputs"), e2e.inputs)]

@@ -31,6 +31,7 @@ print("HEAVY", [m for m in {heavy!r} if m in sys.modules])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["validate", "--help"], ["run", "--help"]])
 def test_help_is_fast_and_imports_nothing_heavy(args):
     best = float("inf")
@@ -62,7 +63,8 @@ def test_validate_reports_every_file(cli, make_case, line_of):
     result = cli("validate", good, bad)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; did you mean 'cache'?",
+    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; "
+                     "did you mean 'cache'?",
                      "2 case files checked: 1 error in 1 file"]
 
 
@@ -78,7 +80,8 @@ def test_validate_long_lines_are_never_wrapped(cli, make_case):
 @pytest.fixture
 def two_cases(make_case, tmp_path, monkeypatch):
     make_case(name="softmax_fusion")
-    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  arithmetic",
+    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  "
+                                                                                              "arithmetic",
                "patterns: [fusion, online_reduction, specialization]": "patterns: [fusion, persistent]"},
               name="layernorm_fusion")
     monkeypatch.chdir(tmp_path)
@@ -191,6 +194,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_new_scaffold_kernel_is_correct_on_cpu(cli, book):
     pytest.importorskip("triton")
     assert cli("new", "scaled_add").exit_code == 0

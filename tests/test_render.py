@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from site_helpers import REPO, build_site, copy_cases, copy_results
 
 from casebook.render import site, text
-from casebook.render.figures import best_variant
 from casebook.render.book import BookError, load_book
+from casebook.render.figures import best_variant
 from casebook.schema import slug
+
+from site_helpers import REPO, build_site, copy_cases, copy_results
 
 EVIL = '<script>alert(1)</script> <img src=x onerror=alert(2)>'
 
@@ -202,7 +203,8 @@ def test_markup_in_a_case_is_shown_as_text_never_run(make_case, tmp_path: Path, 
         'title: "Fused softmax: one read, one write, at every row length"':
             f"title: '{EVIL}'",
         "  - operator: layernorm\n": "  - operator: '<b onmouseover=alert(3)>layernorm</b>'\n",
-        "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One reduction per row;",
+        "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One "
+                                             "reduction per row;",
         "  notes: |\n": "  notes: |\n    <script>alert(6)</script> [x](javascript:alert(7)) ![p](https://evil.example/p.png)\n",
     }, name="xss_case")
     cases = tmp_path / "cases"
@@ -257,7 +259,8 @@ def test_nothing_is_loaded_off_the_host(built: Path):
     assert "fonts.googleapis.com" not in home and "fonts.gstatic.com" not in home
     mermaid = built / "assets" / "javascripts" / "mermaid"
     assert (mermaid / "mermaid.min.js").is_file() and "MIT" in (mermaid / "LICENSE.txt").read_text()
-    assert 'src="../../assets/javascripts/mermaid/mermaid.min.js"' in (built / "browse" / "transfers" / "index.html").read_text()
+    transfers = (built / "browse" / "transfers" / "index.html").read_text()
+    assert 'src="../../assets/javascripts/mermaid/mermaid.min.js"' in transfers
 
 
 def test_generated_pages_are_not_written_into_docs():

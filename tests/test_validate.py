@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from casebook import provenance
+from casebook.load import load_case
 from casebook.validate import top_level_names, validate
 
 from conftest import REPO, SOFTMAX
@@ -103,7 +105,8 @@ def test_variants_take_the_reference_arguments(make_case, tmp_path, line_of):
                      .replace("def torch_softmax(x: torch.Tensor)", "def torch_softmax(x, dim: int = -1)"))
     path = make_case()
     assert problems(path) == [f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not "
-                              "take the arguments of reference(x): the input maker's tensors are passed to both by name"]
+                              "take the arguments of reference(x): the input maker's tensors are passed to both by "
+                              "name"]
 
 
 def test_signatures_not_judged_when_not_plain(tmp_path):
@@ -313,3 +316,32 @@ def test_provenance_hashes_bytes():
     assert provenance.kernel_sha256("gelu_fit") == hashlib.sha256(leaf.read_bytes()).hexdigest()
     with pytest.raises(ValueError):
         provenance.kernel_path("../etc/passwd")
+
+
+# --- conventions: names a case may leave out ----------------------------------------------------------
+
+
+def test_a_case_relying_on_the_conventional_names_validates(small_case):
+    """The fixture case names no `fn`, `reference`, `inputs` or `traffic`: the defaults resolve and exist."""
+    path = small_case()
+    kernel = yaml.safe_load(path.read_text())["kernel"]
+    assert not {"reference", "inputs", "traffic"} & set(kernel) and not any("fn" in v for v in kernel["variants"])
+    report = validate([path], strict=False)
+    assert report.errors == [], [str(e) for e in report.errors]
+    case = load_case(path)
+    assert [v.fn for v in case.kernel.variants] == ["eager", "triton_fused"]
+    assert (case.kernel.reference, case.kernel.inputs, case.kernel.traffic) == ("reference", "make_inputs", "traffic")
+
+
+def test_a_missing_conventional_function_is_reported_at_its_field(small_case, line_of):
+    """Defaults are still checked against the module's source (by ast): a renamed `traffic` is an error."""
+    path = small_case()
+    kernel = path.parent.parent / "casebook" / "kernels" / "scaled_add.py"
+    kernel.write_text(kernel.read_text().replace("def traffic(", "def traffic_model(")
+                      .replace("def triton_fused(", "def triton_fused_v2("))
+    errors = sorted(str(e) for e in validate([path], strict=False).errors)
+    assert errors == sorted([
+        f"{path}:{line_of(path, 'kernel:')}: kernel.traffic: 'traffic' is not defined at the top level of "
+        "casebook/kernels/scaled_add.py; did you mean 'Traffic'?",
+        f"{path}:{line_of(path, '- name: triton_fused')}: kernel.variants.1.fn: 'triton_fused' is not defined at the "
+        "top level of casebook/kernels/scaled_add.py; did you mean 'triton_fused_v2'?"]), errors

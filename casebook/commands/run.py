@@ -139,7 +139,8 @@ def report(doc: dict) -> None:
                 c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], "-", "-", r.get("error", "-"))
                 continue
             c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], f"{r['modelled_bytes'] / 1e6:.1f}",
-                      f"{r['measured_bytes'] / 1e6:.1f}", f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
+                      f"{r['measured_bytes'] / 1e6:.1f}",
+                      f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
         out.print(c)
     out.print("[bold]Claims[/bold]")
     for c in doc["claims"]:

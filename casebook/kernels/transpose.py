@@ -114,24 +114,25 @@ def torch_compile(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _naive_kernel(x_ptr, y_ptr, n, R, C, I, BLOCK: tl.constexpr, WALK_OUTPUT: tl.constexpr):
+def _naive_kernel(x_ptr, y_ptr, n, R, C, D, BLOCK: tl.constexpr, WALK_OUTPUT: tl.constexpr):
+    # R, C, D: rows, cols and the inner run's length (D, as head_dim is in the attention permute).
     # One program per BLOCK consecutive elements of one side; the other side's address is computed
     # from the index. Walking the input: neighbouring lanes read neighbouring elements (coalesced) and
-    # write R * I elements apart (one sector each when inner is small). Walking the output: the reverse.
+    # write R * D elements apart (one sector each when inner is small). Walking the output: the reverse.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    i = offs % I
+    i = offs % D
     if WALK_OUTPUT:  # offs indexes y[b, c, r, i]
-        r = (offs // I) % R
-        c = (offs // (I * R)) % C
-        b = offs // (I * R * C)
-        src = ((b * R + r) * C + c) * I + i  # read C * I apart
+        r = (offs // D) % R
+        c = (offs // (D * R)) % C
+        b = offs // (D * R * C)
+        src = ((b * R + r) * C + c) * D + i  # read C * D apart
         tl.store(y_ptr + offs, tl.load(x_ptr + src, mask=mask), mask=mask)
     else:  # offs indexes x[b, r, c, i]
-        c = (offs // I) % C
-        r = (offs // (I * C)) % R
-        b = offs // (I * C * R)
-        dst = ((b * C + c) * R + r) * I + i  # written R * I apart
+        c = (offs // D) % C
+        r = (offs // (D * C)) % R
+        b = offs // (D * C * R)
+        dst = ((b * C + c) * R + r) * D + i  # written R * D apart
         tl.store(y_ptr + dst, tl.load(x_ptr + offs, mask=mask), mask=mask)
 
 
@@ -164,7 +165,7 @@ def naive_read_strided(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _tile_kernel(x_ptr, y_ptr, R, C, I, BM: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr):
+def _tile_kernel(x_ptr, y_ptr, R, C, D, BM: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr):
     # Program (tile, b) loads x[b, r0:r0+BM, c0:c0+BN, :] with the fast axis along cols (inner), and
     # stores it as y[b, c0:c0+BN, r0:r0+BM, :] with the fast axis along rows (inner). Between the two
     # the compiler converts the register layout through shared memory (swizzled, so the turn is
@@ -172,22 +173,22 @@ def _tile_kernel(x_ptr, y_ptr, R, C, I, BM: tl.constexpr, BN: tl.constexpr, BI: 
     n_c = tl.cdiv(C, BN)
     r0 = (tl.program_id(0) // n_c) * BM
     c0 = (tl.program_id(0) % n_c) * BN
-    base = tl.program_id(1).to(tl.int64) * R * C * I
+    base = tl.program_id(1).to(tl.int64) * R * C * D
     r = r0 + tl.arange(0, BM)
     c = c0 + tl.arange(0, BN)
     if BI == 1:  # a 2-D transpose
         tile = tl.load(x_ptr + base + r[:, None] * C + c[None, :], mask=(r[:, None] < R) & (c[None, :] < C))
         t = tl.trans(tile)  # [BN, BM]
         tl.store(y_ptr + base + c[:, None] * R + r[None, :], t, mask=(c[:, None] < C) & (r[None, :] < R))
-    else:  # a permute of runs of I elements: [BM, BN, BI] -> [BN, BM, BI]
+    else:  # a permute of runs of D elements: [BM, BN, BI] -> [BN, BM, BI]
         i = tl.arange(0, BI)
-        for i0 in range(0, I, BI):
+        for i0 in range(0, D, BI):
             ii = i0 + i
-            m = (r[:, None, None] < R) & (c[None, :, None] < C) & (ii[None, None, :] < I)
-            tile = tl.load(x_ptr + base + (r[:, None, None] * C + c[None, :, None]) * I + ii[None, None, :], mask=m)
+            m = (r[:, None, None] < R) & (c[None, :, None] < C) & (ii[None, None, :] < D)
+            tile = tl.load(x_ptr + base + (r[:, None, None] * C + c[None, :, None]) * D + ii[None, None, :], mask=m)
             t = tl.permute(tile, (1, 0, 2))
-            mt = (c[:, None, None] < C) & (r[None, :, None] < R) & (ii[None, None, :] < I)
-            tl.store(y_ptr + base + (c[:, None, None] * R + r[None, :, None]) * I + ii[None, None, :], t, mask=mt)
+            mt = (c[:, None, None] < C) & (r[None, :, None] < R) & (ii[None, None, :] < D)
+            tl.store(y_ptr + base + (c[:, None, None] * R + r[None, :, None]) * D + ii[None, None, :], t, mask=mt)
 
 
 MAX_TILE_ELEMENTS = 16384
@@ -231,11 +232,12 @@ def _prune_tuned(configs, named_args, **kwargs):
     # Tiles of 2K-16K elements: enough bytes in flight per program, no register spills; with long
     # inner runs that means few rows and cols a tile.
     bi = kwargs.get("BI", named_args.get("BI", 1))
-    kept = [cf for cf in configs if MAX_TILE_ELEMENTS // 8 <= cf.kwargs["BM"] * cf.kwargs["BN"] * bi <= MAX_TILE_ELEMENTS]
+    kept = [cf for cf in configs
+            if MAX_TILE_ELEMENTS // 8 <= cf.kwargs["BM"] * cf.kwargs["BN"] * bi <= MAX_TILE_ELEMENTS]
     return kept or configs[:2]
 
 
-_tile_tuned = triton.autotune(_tuned_configs(), key=["R", "C", "I"],
+_tile_tuned = triton.autotune(_tuned_configs(), key=["R", "C", "D"],
                               prune_configs_by={"early_config_prune": _prune_tuned})(_tile_kernel)
 
 
@@ -250,7 +252,7 @@ def tiled_tuned(x: torch.Tensor) -> torch.Tensor:
     if INTERPRET:  # no autotuning under the interpreter: one small, non-square config
         _tiles(x, 16, 32, bi, 4, y)
         return y
-    grid = lambda meta: (triton.cdiv(r, meta["BM"]) * triton.cdiv(c, meta["BN"]), b)
+    grid = lambda meta: (triton.cdiv(r, meta["BM"]) * triton.cdiv(c, meta["BN"]), b)  # noqa: E731
     _tile_tuned[grid](x, y, r, c, i, BI=bi)
     return y
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from casebook.load import load_case
 from casebook import provenance
+from casebook.load import load_case
 from casebook.results import load as load_result
 from casebook.schema import Case, Result
+
 
 class BookError(ValueError):
     """A case or result that cannot be rendered; the build fails with this message."""

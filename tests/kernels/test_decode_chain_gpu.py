@@ -34,7 +34,8 @@ def test_persistent_barrier_holds_over_many_launches():
     the per-layer kernels' bit for bit (a program that ran ahead of the barrier would read a stale layer)."""
     from casebook.kernels import decode_chain as mod
 
-    x = mod.make_inputs({"batch": 1, "hidden": 4096, "layers": 8}, torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
+    x = mod.make_inputs({"batch": 1, "hidden": 4096, "layers": 8}, torch.bfloat16, "cuda",
+                        torch.Generator().manual_seed(0))
     expect = mod.fused(**x)
     for _ in range(1000):
         y = mod.persistent(**x)

@@ -54,7 +54,8 @@ def as_shape(s: tuple) -> dict:
 
 
 def test_every_cpu_variant_is_covered():
-    assert set(ON_CPU) == {"torch_contiguous", "naive_write_strided", "naive_read_strided", "tiled", "tiled_tuned", "tma"}
+    assert set(ON_CPU) == {"torch_contiguous", "naive_write_strided", "naive_read_strided", "tiled", "tiled_tuned",
+                           "tma"}
 
 
 @pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
