@@ -267,12 +267,14 @@ def _grid_barrier(count_ptr, target):
     # Every program adds one arrival, then waits until all have: `target` counts the arrivals of every
     # earlier barrier (this launch's and the launches' before it), so the counter never needs a reset.
     # All programs are resident (one per SM), so the wait ends. acq_rel on the arrival publishes this
-    # program's stores; the waiters' loads of x after it go to L2 (.cg), never a stale L1 line.
+    # program's stores. Waiters poll with plain volatile loads (atomics polling one line queue at L2
+    # in front of the last arrival: softmax_fusion's row barrier measured it), then take one acquiring
+    # atomic; their loads of x after it go to L2 (.cg), never a stale L1 line.
     tl.debug_barrier()
-    tl.atomic_add(count_ptr, 1, sem="acq_rel")
-    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    seen = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
     while seen < target:
-        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+        seen = tl.load(count_ptr, volatile=True)
+    tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
 
 
