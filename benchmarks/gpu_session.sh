@@ -30,6 +30,11 @@
 #                                                 # per transpose variant under ncu (the naive kernels' waste)
 #   bash benchmarks/gpu_session.sh decode         # decode_chain's GPU tests (the grid barrier), then its run
 #                                                 # with DRAM counters
+#   bash benchmarks/gpu_session.sh xent           # cross_entropy: GPU-only tests (the split rows' barrier),
+#                                                 # then the committed run with ncu counters
+#                                                 # (needs the peers extra: pip install -e '.[peers]')
+#   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
+#                                                 # materialised or chunked, against Liger's fused one
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
 # run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
@@ -41,7 +46,7 @@ export CASEBOOK_CACHE="$out/cache" PYTHONUNBUFFERED=1
 run_case() {  # run_case CASE SECONDS [ARGS...]
   local case=$1 limit=$2
   shift 2
-  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --results "$out/results" "$@" \
+  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --save --results "$out/results" "$@" \
     > "$out/logs/$case.txt" 2> "$out/logs/$case.err"
   echo "$case: exit $?"
   grep -A20 '^Claims' "$out/logs/$case.txt" | head -12
@@ -57,7 +62,7 @@ case "${1:-}" in
     cat "$out/logs/copy.txt" ;;
   softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
     mkdir -p "$out/rerun"
-    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_rerun.txt" 2>&1
     echo "softmax rerun: exit $?"
     python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json \
@@ -66,7 +71,7 @@ case "${1:-}" in
                  # runs would), compared: the run-to-run figure
     mkdir -p "$out/rerun"
     for i in 1 2; do
-      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun/run$i" \
+      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun/run$i" \
         > "$out/logs/softmax_run$i.txt" 2>&1
       echo "softmax run $i: exit $?"
     done
@@ -75,7 +80,7 @@ case "${1:-}" in
   softmax-full)  # the result to commit (with counters), then a second run on this machine, compared
     mkdir -p "$out/rerun"
     run_case softmax_fusion 320 --counters
-    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_run2.txt" 2>&1
     echo "softmax run 2: exit $?"
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
@@ -148,7 +153,22 @@ case "${1:-}" in
     timeout 180 python3 -m pytest -q -x tests/kernels/test_decode_chain_gpu.py > "$out/logs/decode_gpu_pytest.txt" 2>&1
     echo "decode gpu pytest: exit $?"; tail -3 "$out/logs/decode_gpu_pytest.txt"
     run_case decode_chain $((575 - SECONDS)) --counters ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|transpose|transpose-sectors|decode" >&2; exit 2 ;;
+  xent)  # issue 31: cross_entropy's GPU-only tests (split rows meeting at a barrier, Liger on the GPU),
+         # then the committed run with counters. Predicted: ~1.5 min of tests, 5-7 min of run (16 points
+         # a variant; torch.compile pays a compile per shape); the run gets what is left of ~9.5 min
+    python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rung will be skipped (pip install -e '.[peers]')"
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_cross_entropy_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case cross_entropy $((575 - SECONDS)) --counters ;;
+  xent-linear)  # the LM head and its loss without the harness (which records no peak memory): torch,
+                # the split kernel on materialised logits, Liger's fused linear cross-entropy, chunked
+                # split; Llama-3-8B's head at 8192 tokens, then Gemma-3's vocabulary. Predicted ~1 min
+    timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py > "$out/logs/linear_xent.txt" 2>&1
+    echo "linear xent: exit $?"
+    timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
+      >> "$out/logs/linear_xent.txt" 2>&1
+    echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

@@ -16,13 +16,14 @@ host's, as it would in a loop.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from casebook import interference
 from casebook.stats import Summary, median_stable, summarize
 
 
@@ -65,6 +66,9 @@ class Timing:
     """The host's time to issue one call (`host_issue_us`); 0 on a CPU."""
     slack_us: float = 0.0
     """The device-side delay each GPU repetition started behind."""
+    interference: dict = field(default_factory=dict)
+    """What else the machine did over the repetitions (`interference.Window`): raw readings, judged by
+    `casebook.stability`."""
 
 
 def _sync(device: str) -> None:
@@ -145,6 +149,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
         sample, timer = _cuda_sampler(fn, protocol.cache == "cold", slack), "cuda events"
 
     times: list[float] = []
+    window = interference.Window()
     cap = time.perf_counter() + protocol.time_cap_s
     batch = protocol.min_reps
     while True:
@@ -154,7 +159,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
                        or time.perf_counter() > cap):
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    return Timing(summarize(times), timer, host_us, slack)
+    return Timing(summarize(times), timer, host_us, slack, window.close())
 
 
 PIPELINED_CALLS = 20

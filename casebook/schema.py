@@ -471,6 +471,14 @@ class Point(Open):
     autotuned: dict[str, str] | None = Field(
         default=None, description="Configuration each Triton autotuner ran in the timed calls, by module.kernel.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
+    threads: int | None = Field(default=None, description="Threads torch's CPU path ran with (set explicitly).")
+    interference: dict[str, Any] | None = Field(
+        default=None, description="What else the machine did over the repetitions: window_s, other_cpu_s (other "
+                                 "processes' CPU seconds), cpus, run_queue_wait_s, load_average; on a GPU, its clocks "
+                                 "and other processes (`casebook.interference`).")
+    unstable: list[str] | None = Field(
+        default=None, description="Why the point is unstable (spread or interference over the bounds in "
+                                 "`casebook.stability`); absent: stable. `casebook check` does not publish it.")
     error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
 
 
@@ -506,6 +514,11 @@ class Result(Open):
     counters: list[dict[str, Any]] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if "
                                                                              "asked.")
     claims: list[ClaimOutcome] = Field(description="Each claim and whether it held.")
+    arithmetic_intensity: dict[str, Any] | None = Field(
+        default=None, description="The case's declared arithmetic intensity beside its traffic model's at the first "
+                                 "level-1 shape and dtype: shape, dtype, declared, modelled, difference, flagged.")
+    stability: dict[str, Any] | None = Field(
+        default=None, description="Timed points judged, how many unstable, the busiest readings, the bounds.")
     started_at: str = Field(description="UTC start time, ISO 8601.")
     finished_at: str = Field(description="UTC finish time, ISO 8601.")
     command: str = Field(description="The command that produced this result.")

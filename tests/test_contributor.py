@@ -318,7 +318,7 @@ def test_a_contributor_adds_a_case(book: Path):
     assert "1 case file checked: all valid" in step("validate", "validate", f"cases/{CASE}.yaml").stdout
 
     # 3. Run on the CPU: torch variants timed, the Triton variant checked through the interpreter.
-    run = step("run", "run", f"cases/{CASE}.yaml")
+    run = step("run", "run", f"cases/{CASE}.yaml", "--save")
     [stored] = (book / "results").glob(f"*/{CASE}.json")
     doc = json.loads(stored.read_text())
     assert doc["hardware"]["kind"] == "cpu"
@@ -331,7 +331,11 @@ def test_a_contributor_adds_a_case(book: Path):
     assert [c["held"] for c in doc["claims"]] == [None]  # scoped to nvidia-h200: not applicable here
 
     # 4. What a reviewer would reject: nothing (results present and current).
-    assert "all valid" in step("check", "check", f"cases/{CASE}.yaml").stdout
+    # On a loaded machine the run's points can be marked unstable, which check rightly refuses; nothing else.
+    check = step("check", "check", f"cases/{CASE}.yaml", ok=(0, 2))
+    problems = [line for line in check.stdout.splitlines() if line.startswith(f"cases/{CASE}.yaml:")]
+    assert "all valid" in check.stdout if check.returncode == 0 else (
+        problems and all("unstable point(s)" in line for line in problems)), check.stdout
 
     # 5. The site: the case has a page and appears in every index it belongs to.
     step("build", "build", "--out", "site")

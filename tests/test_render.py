@@ -386,3 +386,25 @@ def test_a_point_shows_its_bandwidth_and_launch_floors_beside_its_median(tmp_pat
     assert "Floors µs: bytes · launches" in html
     row = next(r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if "126 · 78.8" in r)  # three figures
     assert "triton_online" in row and ">250<" in row
+
+
+def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():
+    """One name, copy ceilings 45.9 and 19.3 GB/s (two machines): the atlas and hardware pages take them
+    apart, each against its own run's roofs; a third result within 20% of the first joins it."""
+    from types import SimpleNamespace
+
+    from casebook.render.book import Book, StoredResult
+
+    fixture_path = REPO / "tests" / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
+    fixture = json.loads(fixture_path.read_text())
+
+    def stored(case_id: str, copy_gbps: float) -> StoredResult:
+        hw = {**fixture["hardware"], "measured": {**fixture["hardware"]["measured"], "copy_gbps": copy_gbps}}
+        result = SimpleNamespace(case_id=case_id, hardware=hw)
+        return StoredResult(result, Path(f"results/{hw['slug']}/{case_id}.json"))
+
+    a, b, c = stored("a", 45.9), stored("b", 19.3), stored("c", 44.0)
+    entries = [SimpleNamespace(results=[r]) for r in (a, b, c)]
+    machines = Book(entries).hardware()  # type: ignore[arg-type]
+    name = fixture["hardware"]["slug"]
+    assert machines == {name: [a, c], f"{name}-2": [b]}

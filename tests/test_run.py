@@ -364,7 +364,7 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
     env = {**os.environ, "CASEBOOK_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "casebook.cli", "run", "cases/softmax_fusion.yaml",
-                           "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
+                           "--save", "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     seconds = time.monotonic() - start
     stored = list((tmp_path / "results").glob("*/softmax_fusion.json"))
@@ -452,3 +452,27 @@ def test_a_case_relying_on_the_conventional_names_runs(tmp_path):
     assert status[("eager", "fp32")] == "ok" and status[("eager", "bf16")] == "ok", status
     assert all(p["correct"] for p in doc["kernel_level"] if p["status"] in ("ok", "checked")), doc["kernel_level"]
     assert doc["measurement_sha256"] == measurement_sha256(load_case(path))
+
+
+def test_the_declared_intensity_is_checked_against_the_traffic_model(make_case, monkeypatch, line_of):
+    """A case declaring 10 FLOP/byte where its model gives 1.25 (softmax, at its first level-1 shape): the run
+    records both, and `check` flags the declared figure at its line."""
+    from casebook import run as run_mod
+    from casebook.measure import work
+    from casebook.validate import validate
+
+    path = make_case({"  arithmetic_intensity: 1.25\n": "  arithmetic_intensity: 10\n"})
+    monkeypatch.setattr(run_mod, "run_isolated", lambda _, tasks, **kw: [
+        work(t) if t.kind == "traffic" else {"status": "checked"} for t in tasks])
+    doc = run_mod.run_case(path)
+    rec = doc["arithmetic_intensity"]
+    assert rec["shape"] == load_case(path).levels.kernel.shapes[0] and rec["dtype"] == "bf16"
+    assert rec["modelled"] == pytest.approx(1.25) and rec["declared"] == 10 and rec["flagged"] is True
+    stored = results.save(doc, path.parent.parent / "results")
+    [error] = [str(e) for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)]
+    assert error == (f"{path}:{line_of(path, 'arithmetic_intensity: 10')}: bottleneck.arithmetic_intensity: declared "
+                     "10 FLOP/byte, but the traffic model gives 1.25 at 131072x1024 bf16 (the first level-1 shape and "
+                     "dtype): +700%, more than 10%; state the model's figure at that shape "
+                     f"(from results/{stored.parent.name}/softmax_fusion.json)")
+    path.write_text(path.read_text().replace("arithmetic_intensity: 10\n", "arithmetic_intensity: 1.3\n"))
+    assert not [e for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)], "4% apart: within 10%"

@@ -299,6 +299,27 @@ def test_strict_warns_about_a_case_without_claims(make_case, softmax_text, line_
            "speedup)" in [str(w) for w in validate([path], strict=True).warnings]
 
 
+def test_check_reports_one_hardware_name_with_two_machines_ceilings(make_case):
+    """Two results under one name, copy ceilings 45.9 and 19.3 GB/s: two machines; check says so."""
+    paths = [make_case(), make_case(name="other_case")]
+    for path, copy_gbps in zip(paths, (45.9, 19.3)):
+        result = store_result(path)
+        doc = {**json.loads(result.read_text()), "hardware": {"measured": {"copy_gbps": copy_gbps}}}
+        (result.parent.parent / "cpu-one-name-2c-24g").mkdir(exist_ok=True)
+        (result.parent.parent / "cpu-one-name-2c-24g" / result.name).write_text(json.dumps(doc))
+        result.unlink()
+    errors = [str(e) for e in validate(paths, strict=True).errors if "share the hardware name" in str(e)]
+    assert errors == [
+        f"{paths[0]}:1: results: results/cpu-one-name-2c-24g/softmax_fusion.json and "
+        "results/cpu-one-name-2c-24g/other_case.json share the hardware name 'cpu-one-name-2c-24g' but their measured "
+        "ceilings differ by more than 20% (copy 45.9 vs 19.3 GB/s): two machines, or a disturbed run; run both cases "
+        "again on one machine",
+        f"{paths[1]}:1: results: results/cpu-one-name-2c-24g/other_case.json and "
+        "results/cpu-one-name-2c-24g/softmax_fusion.json share the hardware name 'cpu-one-name-2c-24g' but their "
+        "measured ceilings differ by more than 20% (copy 19.3 vs 45.9 GB/s): two machines, or a disturbed run; run "
+        "both cases again on one machine"]
+
+
 def test_check_command_passes_with_fresh_results(make_case, cli):
     path = make_case()
     store_result(path)

@@ -65,7 +65,7 @@ def _extend_nav(nav: list | None, book: Book) -> None:
 def on_files(files: Files, config) -> Files:
     book: Book = _state["book"]
     _, _, cache = _dirs(config)
-    generated = site.plan(book)
+    generated = site.plan(book, repo=ROOT)
     for path, markdown in generated.pages.items():
         files.append(File.generated(config, path, content=markdown))
     workers = int(os.environ.get("CASEBOOK_WORKERS", "0")) or None
