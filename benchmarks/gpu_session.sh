@@ -25,6 +25,11 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
+#   bash benchmarks/gpu_session.sh transpose      # transpose's GPU tests, then its run with DRAM counters
+#   bash benchmarks/gpu_session.sh transpose-sectors  # sectors per request, L2 sectors and bank conflicts
+#                                                 # per transpose variant under ncu (the naive kernels' waste)
+#   bash benchmarks/gpu_session.sh decode         # decode_chain's GPU tests (the grid barrier), then its run
+#                                                 # with DRAM counters
 #   bash benchmarks/gpu_session.sh xent           # cross_entropy: GPU-only tests (the split rows' barrier),
 #                                                 # then the committed run with ncu counters
 #                                                 # (needs the peers extra: pip install -e '.[peers]')
@@ -136,6 +141,18 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
+  transpose)  # every variant compiled at awkward shapes (TMA and its fallback), then the committed run
+    timeout 150 python3 -m pytest -q -x tests/kernels/test_transpose_gpu.py > "$out/logs/transpose_gpu_pytest.txt" 2>&1
+    echo "transpose gpu pytest: exit $?"; tail -3 "$out/logs/transpose_gpu_pytest.txt"
+    run_case transpose $((575 - SECONDS)) --counters ;;
+  transpose-sectors)  # the counters beyond DRAM bytes, one ncu call per variant at 16384 x 16384 bf16
+    timeout 560 bash benchmarks/transpose_sectors.sh "$out/logs/sectors" > "$out/logs/sectors.txt" 2>&1
+    echo "sectors: exit $?"; cat "$out/logs/sectors.txt" ;;
+  decode)  # the chain's variants compiled and the persistent kernel's barrier over every SM, then the
+           # committed run (liger_norm runs where the image has liger-kernel, the `peers` extra; else skipped)
+    timeout 180 python3 -m pytest -q -x tests/kernels/test_decode_chain_gpu.py > "$out/logs/decode_gpu_pytest.txt" 2>&1
+    echo "decode gpu pytest: exit $?"; tail -3 "$out/logs/decode_gpu_pytest.txt"
+    run_case decode_chain $((575 - SECONDS)) --counters ;;
   xent)  # issue 31: cross_entropy's GPU-only tests (split rows meeting at a barrier, Liger on the GPU),
          # then the committed run with counters. Predicted: ~1.5 min of tests, 5-7 min of run (16 points
          # a variant; torch.compile pays a compile per shape); the run gets what is left of ~9.5 min
@@ -151,7 +168,7 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

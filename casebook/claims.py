@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from casebook.schema import Case, RegimeClaim, RoofClaim, SpeedupClaim, ThroughputClaim, Where, shape_label
+from casebook.schema import (
+    Case,
+    LatencyClaim,
+    RegimeClaim,
+    RoofClaim,
+    SpeedupClaim,
+    ThroughputClaim,
+    Where,
+    shape_label,
+)
 from casebook.stats import weighted_geomean
 
 
@@ -66,7 +75,34 @@ def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: 
         worst = min(pts, key=lambda p: p[key])
         return {**head, "held": worst[key] >= need,
                 "detail": f"lowest {worst[key]:.0f} {unit} at {_label(worst)} (need {need:g})"}
+    if isinstance(claim, LatencyClaim):
+        return {**head, **_latency(claim, pts)}
     raise TypeError(f"unknown claim kind {claim.kind}")
+
+
+def kernels_per_call(p: dict) -> int | None:
+    """Kernels one call of a point ran, launched directly or replayed in a graph; None where not counted."""
+    launches = p.get("launches") or {}
+    if launches.get("counted") is False:
+        return None
+    n = launches.get("direct", 0) + launches.get("graph", 0)
+    return n or None
+
+
+def _latency(claim: LatencyClaim, pts: list[dict]) -> dict:
+    if claim.per == "call":
+        worst = max(pts, key=lambda p: p["median_us"])
+        return {"held": worst["median_us"] <= claim.at_most_us,
+                "detail": f"slowest {worst['median_us']:.2f} us at {_label(worst)} (need at most {claim.at_most_us:g})"}
+    uncounted = [p for p in pts if kernels_per_call(p) is None]
+    if uncounted:
+        return {"held": False, "detail": f"kernels per call not counted at {_label(uncounted[0])}"}
+    worst = max(pts, key=lambda p: p["median_us"] / kernels_per_call(p))
+    n = kernels_per_call(worst)
+    per = worst["median_us"] / n
+    return {"held": per <= claim.at_most_us,
+            "detail": f"slowest {per:.2f} us a kernel at {_label(worst)} ({worst['median_us']:.1f} us over {n} "
+                      f"kernels; need at most {claim.at_most_us:g})"}
 
 
 def _x(value: float, need: float) -> str:

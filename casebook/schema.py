@@ -294,6 +294,19 @@ class ThroughputClaim(_Claim):
         return self
 
 
+class LatencyClaim(_Claim):
+    """The variant takes at most this long per call, or per kernel it runs, at the selected level-1 points:
+    the claim of a launch-bound case, whose floor is launches, not bytes or FLOPs."""
+
+    kind: Literal["latency"] = Field(description="`latency`.")
+    variant: Ident = Field(description="The variant the claim is about.")
+    at_most_us: Annotated[float, Field(gt=0)] = Field(description="Most microseconds (the median), per `per`.")
+    per: Literal["call", "kernel"] = Field(
+        default="call", description="call: the median time of one call; kernel: that time over the kernels the "
+        "call ran (launched directly or replayed in a CUDA graph, as the profiler counted them).")
+    where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
+
+
 class SpeedupClaim(_Claim):
     """`variant` is at least `at_least` times faster than `over` at a level."""
 
@@ -310,7 +323,8 @@ class SpeedupClaim(_Claim):
     where: Where = Field(default_factory=Where, description="Which level-1 points (level `kernel` only); unset: all.")
 
 
-Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, SpeedupClaim], Field(discriminator="kind")]
+Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, LatencyClaim, SpeedupClaim],
+                  Field(discriminator="kind")]
 
 
 # --- the case --------------------------------------------------------------------------------
@@ -442,6 +456,9 @@ class Point(Open):
     arithmetic_intensity: float | None = Field(default=None, description="FLOPs per byte, from the traffic model.")
     floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, "
                                                              "microseconds.")
+    bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds.")
+    launch_floor_us: float | None = Field(
+        default=None, description="One launch, then each further kernel at its in-graph cost, microseconds.")
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof "
                                                                   "reached.")
     regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or "

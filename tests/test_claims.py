@@ -39,6 +39,7 @@ def outcome(claim: dict, kernel=(), workload=None, e2e=None, slug=SLUG) -> dict:
     {"kind": "regime", "variant": "triton_online", "regime": "bandwidth"},
     {"kind": "roof_fraction", "variant": "triton_online", "at_least": 0.8},
     {"kind": "throughput", "variant": "triton_online", "at_least_gbps": 1000},
+    {"kind": "latency", "variant": "triton_online", "at_most_us": 5},
     {"kind": "speedup", "variant": "triton_online", "over": "eager", "at_least": 2, "level": "kernel"},
 ])
 def test_claim_for_other_hardware_is_not_applicable(claim):
@@ -52,7 +53,33 @@ def test_claim_without_hardware_applies_everywhere():
     assert o["held"] is True
 
 
-# --- regime, roof fraction, throughput -----------------------------------------------------------------
+# --- regime, roof fraction, throughput, latency --------------------------------------------------------
+
+
+def test_latency_per_call():
+    claim = {"kind": "latency", "variant": "triton_online", "at_most_us": 12.0, "hardware": [SLUG]}
+    held = outcome(claim, [pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 12)])
+    assert held["held"] is True and "slowest 12.00 us at 4096x65536 bf16" in held["detail"]
+    assert outcome(claim, [pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 12.5)])["held"] is False
+
+
+def test_latency_per_kernel_divides_by_the_kernels_the_profiler_counted():
+    claim = {"kind": "latency", "variant": "triton_online", "at_most_us": 1.5, "per": "kernel", "hardware": [SLUG]}
+    graph = {"direct": 0, "graph": 80, "counted": True}  # a graph replay: no direct launch, 80 kernels in it
+    held = outcome(claim, [pt("triton_online", SMALL, 100.0, launches=graph),
+                           pt("triton_online", LARGE, 30.0, launches={"direct": 20, "graph": 0, "counted": True})])
+    assert held["held"] is True
+    assert held["detail"].startswith("slowest 1.50 us a kernel at 4096x65536 bf16 (30.0 us over 20 kernels")
+    failed = outcome(claim, [pt("triton_online", SMALL, 121.0, launches=graph)])
+    assert failed["held"] is False and "1.51 us a kernel" in failed["detail"]
+
+
+def test_latency_per_kernel_fails_where_kernels_were_not_counted():
+    claim = {"kind": "latency", "variant": "triton_online", "at_most_us": 1.5, "per": "kernel"}
+    o = outcome(claim, [pt("triton_online", SMALL, 1.0, launches={"direct": 1, "graph": 0, "counted": False})],
+                slug="cpu-some-thing")
+    assert o["held"] is False and o["detail"].startswith("kernels per call not counted at 32768x1024 bf16")
+
 
 
 def test_regime():

@@ -276,7 +276,9 @@ def test_the_books_own_cases_and_stored_results_build_strictly(tmp_path: Path, p
     assert "First call (JIT / autotune / compile, outside every median)" in html
     assert re.search(r"torch_grouped_mm\s+[0-9.,]+ s \(slowest shape [0-9.,]+ s\)", html)
     # The per-expert loop on the H200 is launch-bound by its host issue time, and its row says so.
-    assert re.search(r"64×8192×1408×4096\s+loop\s+(?:\S+\s+){5}launch \(host [0-9.,]+ µs\)", html)
+    # median, p10-p90, the floors (bytes · launches), GB/s, TFLOP/s, roof, then the regime
+    assert re.search(r"64×8192×1408×4096\s+loop\s+(?:\S+\s+){2}[0-9.,]+ · [0-9.,]+\s+(?:\S+\s+){3}"
+                     r"launch \(host [0-9.,]+ µs\)", html)
 
 
 def test_neighbouring_ceiling_ticks_share_one_label():
@@ -376,6 +378,14 @@ def test_a_counters_row_says_why_it_has_no_gap():
     assert _gap({"gap": 0.052}) == "+5.2%"
     assert _gap({"not_applicable": "holds at most 32768 columns"}) == "not applicable: holds at most 32768 columns"
     assert _gap({"error": "ncu timed out"}) == "no counters"
+
+
+def test_a_point_shows_its_bandwidth_and_launch_floors_beside_its_median(tmp_path: Path, plot_cache: Path):
+    html = unescape(softmax_page_with(tmp_path, plot_cache, median_us=250.0, bandwidth_floor_us=125.5,
+                                      launch_floor_us=78.75))
+    assert "Floors µs: bytes · launches" in html
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if "126 · 78.8" in r)  # three figures
+    assert "triton_online" in row and ">250<" in row
 
 
 def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():

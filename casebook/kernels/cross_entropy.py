@@ -369,7 +369,10 @@ def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
     m, s, sx = (torch.empty(n_rows * triton.cdiv(n_cols, SMALLEST_CHUNK), device=x.device, dtype=torch.float32)
                 for _ in range(3))
     barriers = _row_barriers(x.device, n_rows)
-    grid = lambda meta: (n_rows * triton.cdiv(n_cols, meta["CHUNK"]),)
+
+    def grid(meta):  # the autotuner's chunk size sets the programs per row
+        return (n_rows * triton.cdiv(n_cols, meta["CHUNK"]),)
+
     _split_tuned[grid](x, target, grad, losses, n_valid, m, s, sx, barriers, n_rows, n_cols, x.stride(0), eps,
                        IGNORE_INDEX, PHASE=0)
     return losses.sum() / n_valid, grad

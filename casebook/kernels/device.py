@@ -45,8 +45,9 @@ def num_sms(t: torch.Tensor) -> int:
     return INTERPRETER_SMS
 
 
-def compiled(fn: Callable) -> Callable:
-    """`torch.compile(fn)`, compiled once per process, keeping every (shape, dtype) graph.
+def compiled(fn: Callable, **options) -> Callable:
+    """`torch.compile(fn, **options)` (e.g. `mode="reduce-overhead"`), compiled once per process,
+    keeping every (shape, dtype) graph.
 
     Each shape of a ladder is its own graph (`dynamic=False`, as a benchmark of one shape wants);
     dynamo's default recompile limit (8) would fall back to eager past the eighth.
@@ -59,7 +60,7 @@ def compiled(fn: Callable) -> Callable:
         for knob in ("recompile_limit", "cache_size_limit"):
             if hasattr(dynamo.config, knob):
                 setattr(dynamo.config, knob, 256)
-        return torch.compile(fn, dynamic=False)
+        return torch.compile(fn, dynamic=False, **options)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

@@ -136,6 +136,8 @@ def _level1_row(p: Point, baseline: str) -> dict:
             "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread,
             "gbps": text.num(p.gbps), "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction),
             "regime": _regime(p),
+            "floors": f"{text.num(p.bandwidth_floor_us)} · {text.num(p.launch_floor_us)}"
+                      if _ok(p.bandwidth_floor_us) and _ok(p.launch_floor_us) else "–",
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
