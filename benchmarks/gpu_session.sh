@@ -25,6 +25,9 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
+#   bash benchmarks/gpu_session.sh norms          # the norm family with ncu counters: rmsnorm,
+#                                                 # rmsnorm_residual, rmsnorm_backward, layernorm,
+#                                                 # layernorm_backward (Liger rungs need the `peers` extra)
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
 set -uo pipefail
@@ -130,7 +133,12 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
+  norms)  # the norm family (issue 23's cases); the Liger rungs skip, with the reason, without liger-kernel
+    python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
+    for c in rmsnorm rmsnorm_residual rmsnorm_backward layernorm layernorm_backward; do
+      test -f "cases/$c.yaml" && run_case "$c" 110 --counters
+    done ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|norms" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

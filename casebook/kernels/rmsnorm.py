@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from casebook.kernels.device import INTERPRET, compiled, num_sms, on_device
+from casebook.kernels.device import INTERPRET, compiled, num_sms, on_device, peer
 from casebook.traffic import Term, Traffic
 
 EPS = 1e-5
@@ -186,28 +186,13 @@ torch_compile_residual = compiled(eager_residual)
 # --- variant 4: the peer, Liger-Kernel --------------------------------------------------------------
 
 
-def _liger(module: str):
-    """A Liger-Kernel op module, or NotImplementedError with the reason (the `peers` extra installs it)."""
-    try:
-        return __import__(f"liger_kernel.ops.{module}", fromlist=["_"])
-    except ImportError as e:
-        raise NotImplementedError(f"liger-kernel is not installed (pip install -e '.[peers]'): {e}") from None
-
-
-def _gpu_only(x: torch.Tensor, who: str) -> None:
-    if not x.is_cuda:  # its kernels call .to() on a scalar argument, which the interpreter passes as a float
-        raise NotImplementedError(f"{who} runs on a GPU only: its Triton kernels fail under TRITON_INTERPRET")
-
-
 def liger(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    ops = _liger("rms_norm")
-    _gpu_only(x, "Liger's RMSNorm")
+    ops = peer("liger_kernel.ops.rms_norm", x, "Liger's RMSNorm")
     return ops.LigerRMSNormFunction.apply(x, w, EPS)
 
 
 def liger_residual(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ops = _liger("fused_add_rms_norm")
-    _gpu_only(x, "Liger's fused add + RMSNorm")
+    ops = peer("liger_kernel.ops.fused_add_rms_norm", x, "Liger's fused add + RMSNorm")
     y, s = ops.LigerFusedAddRMSNormFunction.apply(x, r, w, EPS)
     return s, y
 
@@ -407,8 +392,7 @@ torch_compile_backward = compiled(eager_backward)
 
 def liger_backward(x, w, dy, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     """Liger's RMSNorm backward (what LigerRMSNormFunction.backward calls), on the same saved rstd."""
-    ops = _liger("rms_norm")
-    _gpu_only(x, "Liger's RMSNorm backward")
+    ops = peer("liger_kernel.ops.rms_norm", x, "Liger's RMSNorm backward")
     block, warps = ops.calculate_settings(x.shape[-1])
     dx, dw = ops.rms_norm_backward(dy, x, w, rstd, 0.0, ops._CASTING_MODE_LLAMA.value, block, warps,
                                    False, None)
