@@ -25,7 +25,7 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
-#   bash benchmarks/gpu_session.sh norms          # the norm family with ncu counters: rmsnorm,
+#   bash benchmarks/gpu_session.sh norms          # the norms' GPU tests, then the family with ncu counters: rmsnorm,
 #                                                 # rmsnorm_residual, rmsnorm_backward, layernorm,
 #                                                 # layernorm_backward (Liger rungs need the `peers` extra)
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
@@ -135,6 +135,8 @@ case "${1:-}" in
     run_case gemm_tiled 280 ;;
   norms)  # the norm family (issue 23's cases); the Liger rungs skip, with the reason, without liger-kernel
     python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_norms_gpu.py > "$out/logs/norms_gpu_pytest.txt" 2>&1
+    echo "norms gpu pytest: exit $?"; tail -3 "$out/logs/norms_gpu_pytest.txt"
     for c in rmsnorm rmsnorm_residual rmsnorm_backward layernorm layernorm_backward; do
       test -f "cases/$c.yaml" && run_case "$c" 110 --counters
     done ;;
