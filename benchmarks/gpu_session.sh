@@ -25,9 +25,10 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
-#   bash benchmarks/gpu_session.sh norms          # the norms' GPU tests, then the family with ncu counters: rmsnorm,
-#                                                 # rmsnorm_residual, rmsnorm_backward, layernorm,
-#                                                 # layernorm_backward (Liger rungs need the `peers` extra)
+#   bash benchmarks/gpu_session.sh norms-rms      # the norm family's GPU tests, then rmsnorm with counters
+#   bash benchmarks/gpu_session.sh norms-fused    # rmsnorm_residual, rmsnorm_backward with counters
+#   bash benchmarks/gpu_session.sh norms-layer    # layernorm, layernorm_backward with counters
+#                                                 # (the norms' Liger rungs need the `peers` extra installed)
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
 set -uo pipefail
@@ -133,14 +134,19 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  norms)  # the norm family (issue 23's cases); the Liger rungs skip, with the reason, without liger-kernel
+  norms-rms)  # issue 23's cases, call 1: the norms' GPU tests, then rmsnorm (bf16 and fp32) with counters;
+               # the Liger rungs skip, with the reason, where liger-kernel is not installed
     python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
-    timeout 120 python3 -m pytest -q -x tests/kernels/test_norms_gpu.py > "$out/logs/norms_gpu_pytest.txt" 2>&1
+    timeout 150 python3 -m pytest -q tests/kernels/test_norms_gpu.py > "$out/logs/norms_gpu_pytest.txt" 2>&1
     echo "norms gpu pytest: exit $?"; tail -3 "$out/logs/norms_gpu_pytest.txt"
-    for c in rmsnorm rmsnorm_residual rmsnorm_backward layernorm layernorm_backward; do
-      test -f "cases/$c.yaml" && run_case "$c" 110 --counters
-    done ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|norms" >&2; exit 2 ;;
+    run_case rmsnorm $((590 - SECONDS)) --counters ;;
+  norms-fused)  # call 2: the pre-norm block with its residual add, and the backward (bf16), with counters
+    run_case rmsnorm_residual 290 --counters
+    run_case rmsnorm_backward $((590 - SECONDS)) --counters ;;
+  norms-layer)  # call 3: layernorm and its backward (bf16), with counters
+    run_case layernorm 290 --counters
+    run_case layernorm_backward $((590 - SECONDS)) --counters ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|norms-rms|norms-fused|norms-layer" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"
