@@ -182,7 +182,7 @@ def test_traffic_counts_each_tensor_pass():
         assert mod.traffic(shape, dtype).bytes == 2 * n * b + 4096 * b
         assert mod.traffic_residual(shape, dtype).bytes == 4 * n * b + 4096 * b
         back = mod.traffic_backward(shape, dtype)
-        assert back.bytes == 3 * n * b + 32768 * 4 + 4096 * b + 2 * 264 * 4096 * 4 + 4096 * b
+        assert back.bytes == 3 * n * b + 32768 * 4 + 4096 * b + 4096 * b  # partials are a variant's cost
     assert mod.traffic(shape, torch.bfloat16).flops / mod.traffic(shape, torch.bfloat16).bytes == pytest.approx(1.0, rel=0.01)
 
 
