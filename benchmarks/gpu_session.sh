@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU work of a session in a few full device calls (each under the 10-minute limit), with what
-# earlier sessions learned: inputs on the device, one tarball back (the device returns 8 files at most),
-# a checkpoint per variant so a call cut short still returns what it measured.
+# The GPU runs behind the stored H200 results, each a full device call under a 10-minute limit: inputs
+# made on the device, one tarball back (the device returns 8 files at most), a checkpoint per variant
+# so a call cut short still returns what it measured.
 #
 # Run on the device from the repository root, after the wheel install line:
 #   bash benchmarks/gpu_session.sh softmax        # GPU-only tests, full softmax ladder + ncu counters,
@@ -29,7 +29,13 @@
 #   bash benchmarks/gpu_session.sh norms-fused    # rmsnorm_residual, rmsnorm_backward with counters
 #   bash benchmarks/gpu_session.sh norms-layer    # layernorm, layernorm_backward with counters
 #                                                 # (the norms' Liger rungs need the `peers` extra installed)
-# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
+#   bash benchmarks/gpu_session.sh xent           # cross_entropy: GPU-only tests (the split rows' barrier),
+#                                                 # then the committed run with ncu counters
+#                                                 # (needs the peers extra: pip install -e '.[peers]')
+#   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
+#                                                 # materialised or chunked, against Liger's fused one
+# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
+# run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -39,7 +45,7 @@ export CASEBOOK_CACHE="$out/cache" PYTHONUNBUFFERED=1
 run_case() {  # run_case CASE SECONDS [ARGS...]
   local case=$1 limit=$2
   shift 2
-  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --results "$out/results" "$@" \
+  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --save --results "$out/results" "$@" \
     > "$out/logs/$case.txt" 2> "$out/logs/$case.err"
   echo "$case: exit $?"
   grep -A20 '^Claims' "$out/logs/$case.txt" | head -12
@@ -55,7 +61,7 @@ case "${1:-}" in
     cat "$out/logs/copy.txt" ;;
   softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
     mkdir -p "$out/rerun"
-    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_rerun.txt" 2>&1
     echo "softmax rerun: exit $?"
     python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json \
@@ -64,7 +70,7 @@ case "${1:-}" in
                  # runs would), compared: the run-to-run figure
     mkdir -p "$out/rerun"
     for i in 1 2; do
-      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun/run$i" \
+      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun/run$i" \
         > "$out/logs/softmax_run$i.txt" 2>&1
       echo "softmax run $i: exit $?"
     done
@@ -73,7 +79,7 @@ case "${1:-}" in
   softmax-full)  # the result to commit (with counters), then a second run on this machine, compared
     mkdir -p "$out/rerun"
     run_case softmax_fusion 320 --counters
-    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_run2.txt" 2>&1
     echo "softmax run 2: exit $?"
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
@@ -82,7 +88,7 @@ case "${1:-}" in
     run_case softmax_fusion 420 --counters ;;
   softmax-persist)  # cluster_bulk's persistent schedule against one row per cluster, then every GPU-only
                     # softmax test, then the committed run
-    timeout 100 python3 benchmarks/explore/cluster_softmax.py --persist > "$out/logs/cluster_persist.txt" 2>&1
+    timeout 100 python3 benchmarks/explore/softmax_fusion/cluster_softmax.py --persist > "$out/logs/cluster_persist.txt" 2>&1
     echo "persist: exit $?"; cat "$out/logs/cluster_persist.txt"
     timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
@@ -93,7 +99,7 @@ case "${1:-}" in
     run_case softmax_fusion $((570 - SECONDS)) --counters ;;
   gemm-runs)  # the machine's ceilings (measured once, shared by the runs), then the three GEMM cases
     timeout 120 python3 -m casebook.cli hardware > "$out/logs/hardware.txt" 2>&1; echo "hardware: exit $?"; cat "$out/logs/hardware.txt"
-    # 2026-12-01f: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
+    # measured: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
     # each, plus the compiles of a fresh process); the last case gets what is left of the 10 minutes.
     run_case gemm_epilogue 300
     run_case gemm_grouped 150
@@ -103,7 +109,7 @@ case "${1:-}" in
     echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
     timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/do_bench.json" > "$out/logs/do_bench.txt" 2>&1
     cat "$out/logs/do_bench.txt" | head -8
-    timeout 200 python3 benchmarks/explore/epilogue_subtile.py > "$out/logs/epilogue_subtile.txt" 2>&1
+    timeout 200 python3 benchmarks/explore/gemm_epilogue/epilogue_subtile.py > "$out/logs/epilogue_subtile.txt" 2>&1
     echo "subtile: exit $?"; cat "$out/logs/epilogue_subtile.txt" ;;
   gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
     run_case gemm_epilogue 250
@@ -113,21 +119,21 @@ case "${1:-}" in
     run_case gemm_grouped 110
     run_case gemm_tiled 200 ;;
   pingpong)  # the Gluon ping-pong GEMM exploration: correctness, then times beside cuBLAS and the TMA GEMM
-    timeout 90 python3 benchmarks/explore/pingpong_epilogue.py --check > "$out/logs/pingpong.txt" 2>&1 \
-      && timeout 240 python3 benchmarks/explore/pingpong_epilogue.py >> "$out/logs/pingpong.txt" 2>&1
+    timeout 90 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py --check > "$out/logs/pingpong.txt" 2>&1 \
+      && timeout 240 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py >> "$out/logs/pingpong.txt" 2>&1
     echo "pingpong: exit $?"; tail -40 "$out/logs/pingpong.txt" ;;
   tma-rows)  # the Gluon TMA-rows softmax exploration: correctness, then times beside a copy and triton_online
-    timeout 90 python3 benchmarks/explore/tma_rows_softmax.py --check > "$out/logs/tma_rows.txt" 2>&1 \
-      && timeout 200 python3 benchmarks/explore/tma_rows_softmax.py >> "$out/logs/tma_rows.txt" 2>&1
+    timeout 90 python3 benchmarks/explore/softmax_fusion/tma_rows_softmax.py --check > "$out/logs/tma_rows.txt" 2>&1 \
+      && timeout 200 python3 benchmarks/explore/softmax_fusion/tma_rows_softmax.py >> "$out/logs/tma_rows.txt" 2>&1
     echo "tma-rows: exit $?"; tail -30 "$out/logs/tma_rows.txt" ;;
   epilogue)  # why the erfc epilogue is not hidden (clocks), the ping-pong kernel's times, then the case
-    timeout 60 python3 benchmarks/explore/epilogue_clocks.py > "$out/logs/epilogue_clocks.txt" 2>&1
+    timeout 60 python3 benchmarks/explore/gemm_epilogue/epilogue_clocks.py > "$out/logs/epilogue_clocks.txt" 2>&1
     echo "clocks: exit $?"; cat "$out/logs/epilogue_clocks.txt"
-    timeout 150 python3 benchmarks/explore/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
+    timeout 150 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
     echo "pingpong: exit $?"; grep -v normwise "$out/logs/pingpong.txt"
     run_case gemm_epilogue 250 ;;
   epilogue-case)  # the ping-pong kernel checked at ragged shapes, then gemm_epilogue
-    timeout 60 python3 benchmarks/explore/pingpong_epilogue.py --check > "$out/logs/pingpong_check.txt" 2>&1
+    timeout 60 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py --check > "$out/logs/pingpong_check.txt" 2>&1
     echo "pingpong check: exit $?"; cat "$out/logs/pingpong_check.txt"
     run_case gemm_epilogue 280 ;;
   grouped)
@@ -146,7 +152,22 @@ case "${1:-}" in
   norms-layer)  # call 3: layernorm and its backward (bf16), with counters
     run_case layernorm 290 --counters
     run_case layernorm_backward $((590 - SECONDS)) --counters ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|norms-rms|norms-fused|norms-layer" >&2; exit 2 ;;
+  xent)  # issue 31: cross_entropy's GPU-only tests (split rows meeting at a barrier, Liger on the GPU),
+         # then the committed run with counters. Predicted: ~1.5 min of tests, 5-7 min of run (16 points
+         # a variant; torch.compile pays a compile per shape); the run gets what is left of ~9.5 min
+    python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rung will be skipped (pip install -e '.[peers]')"
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_cross_entropy_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case cross_entropy $((575 - SECONDS)) --counters ;;
+  xent-linear)  # the LM head and its loss without the harness (which records no peak memory): torch,
+                # the split kernel on materialised logits, Liger's fused linear cross-entropy, chunked
+                # split; Llama-3-8B's head at 8192 tokens, then Gemma-3's vocabulary. Predicted ~1 min
+    timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py > "$out/logs/linear_xent.txt" 2>&1
+    echo "linear xent: exit $?"
+    timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
+      >> "$out/logs/linear_xent.txt" 2>&1
+    echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|norms-rms|norms-fused|norms-layer" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

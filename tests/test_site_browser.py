@@ -14,9 +14,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from site_helpers import build_site, copy_cases, copy_results
 
 from casebook.render.book import load_book
+
+from site_helpers import build_site, copy_cases, copy_results
+
+pytestmark = pytest.mark.slow  # site builds and child-process runs
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENS = Path(os.environ.get("CASEBOOK_SCREENS", "/tmp/screens"))
@@ -140,7 +143,8 @@ def test_pattern_index_lists_every_fusion_case(watched):
     page.goto(f"{base}/browse/pattern/")
     hrefs = page.evaluate("""() => {
         const out = []; let el = document.getElementById('fusion').nextElementSibling;
-        while (el && el.tagName !== 'H2') { el.querySelectorAll('a').forEach(a => out.push(a.getAttribute('href'))); el = el.nextElementSibling; }
+        while (el && el.tagName !== 'H2') {
+            el.querySelectorAll('a').forEach(a => out.push(a.getAttribute('href'))); el = el.nextElementSibling; }
         return out; }""")
     expected = {e.id for e in book.entries if "fusion" in e.case.patterns}
     assert expected and all(any(f"cases/{cid}/" in h for h in hrefs) for cid in expected), (expected, hrefs)
