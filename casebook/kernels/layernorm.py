@@ -142,7 +142,9 @@ def variance_error(offset: float, cols: int = 4096, rows: int = 64, seed: int = 
         n = total
     welford = m2 / n
     centred = (x - x.mean(-1, keepdim=True)).pow(2).mean(-1)
-    err = lambda v: float(((v.double() - exact).abs() / exact).max())
+    def err(v: torch.Tensor) -> float:
+        return float(((v.double() - exact).abs() / exact).max())
+
     return {"sum_sumsq": err(sumsq), "chan_merge": err(welford), "centred": err(centred)}
 
 
@@ -223,7 +225,7 @@ def triton_onepass(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
     if INTERPRET:
         _rows_kernel[(triton.cdiv(n_rows, 2),)](x, w, b, y, n_rows, n_cols, EPS, ROWS=2, BLOCK=block)
     else:
-        grid = lambda meta: (triton.cdiv(n_rows, meta["ROWS"]),)
+        grid = lambda meta: (triton.cdiv(n_rows, meta["ROWS"]),)  # noqa: E731
         _rows_tuned[grid](x, w, b, y, n_rows, n_cols, EPS, BLOCK=block)
     return y
 

@@ -253,7 +253,7 @@ def _onepass(x, r, w) -> tuple[torch.Tensor, torch.Tensor]:
         _rows_kernel[(triton.cdiv(n_rows, 2),)](x, r, w, s, y, n_rows, n_cols, EPS, RESIDUAL=residual,
                                                 ROWS=2, BLOCK=block)
     else:
-        grid = lambda meta: (triton.cdiv(n_rows, meta["ROWS"]),)
+        grid = lambda meta: (triton.cdiv(n_rows, meta["ROWS"]),)  # noqa: E731
         _rows_tuned[grid](x, r, w, s, y, n_rows, n_cols, EPS, RESIDUAL=residual, BLOCK=block)
     return s, y
 

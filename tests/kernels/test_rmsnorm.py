@@ -183,14 +183,17 @@ def test_traffic_counts_each_tensor_pass():
         assert mod.traffic_residual(shape, dtype).bytes == 4 * n * b + 4096 * b
         back = mod.traffic_backward(shape, dtype)
         assert back.bytes == 3 * n * b + 32768 * 4 + 4096 * b + 4096 * b  # partials are a variant's cost
-    assert mod.traffic(shape, torch.bfloat16).flops / mod.traffic(shape, torch.bfloat16).bytes == pytest.approx(1.0, rel=0.01)
+    forward = mod.traffic(shape, torch.bfloat16)
+    assert forward.flops / forward.bytes == pytest.approx(1.0, rel=0.01)  # the case's arithmetic_intensity
 
 
 # --- the scenarios ------------------------------------------------------------------------------------
 
 
 def test_scenarios_call_the_kernel_once_and_agree_across_variants():
-    g = lambda: torch.Generator().manual_seed(5)
+    def g():
+        return torch.Generator().manual_seed(5)
+
     shape = {"tokens": 9, "hidden": 64, "out": 96}
     cases = [
         (mod.prenorm_projection, mod.make_layer_inputs, ("torch_rms_norm", "triton_long")),
