@@ -30,6 +30,10 @@
 #                                                 # per transpose variant under ncu (the naive kernels' waste)
 #   bash benchmarks/gpu_session.sh decode         # decode_chain's GPU tests (the grid barrier), then its run
 #                                                 # with DRAM counters
+#   bash benchmarks/gpu_session.sh norms-rms      # the norm family's GPU tests, then rmsnorm with counters
+#   bash benchmarks/gpu_session.sh norms-fused    # rmsnorm_residual, rmsnorm_backward with counters
+#   bash benchmarks/gpu_session.sh norms-layer    # layernorm, layernorm_backward with counters
+#                                                 # (the norms' Liger rungs need the `peers` extra installed)
 #   bash benchmarks/gpu_session.sh xent           # cross_entropy: GPU-only tests (the split rows' barrier),
 #                                                 # then the committed run with ncu counters
 #                                                 # (needs the peers extra: pip install -e '.[peers]')
@@ -153,6 +157,18 @@ case "${1:-}" in
     timeout 180 python3 -m pytest -q -x tests/kernels/test_decode_chain_gpu.py > "$out/logs/decode_gpu_pytest.txt" 2>&1
     echo "decode gpu pytest: exit $?"; tail -3 "$out/logs/decode_gpu_pytest.txt"
     run_case decode_chain $((575 - SECONDS)) --counters ;;
+  norms-rms)  # issue 23's cases, call 1: the norms' GPU tests, then rmsnorm (bf16 and fp32) with counters;
+               # the Liger rungs skip, with the reason, where liger-kernel is not installed
+    python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
+    timeout 150 python3 -m pytest -q tests/kernels/test_norms_gpu.py > "$out/logs/norms_gpu_pytest.txt" 2>&1
+    echo "norms gpu pytest: exit $?"; tail -3 "$out/logs/norms_gpu_pytest.txt"
+    run_case rmsnorm $((590 - SECONDS)) --counters ;;
+  norms-fused)  # call 2: the pre-norm block with its residual add, and the backward (bf16), with counters
+    run_case rmsnorm_residual 290 --counters
+    run_case rmsnorm_backward $((590 - SECONDS)) --counters ;;
+  norms-layer)  # call 3: layernorm and its backward (bf16), with counters
+    run_case layernorm 290 --counters
+    run_case layernorm_backward $((590 - SECONDS)) --counters ;;
   xent)  # issue 31: cross_entropy's GPU-only tests (split rows meeting at a barrier, Liger on the GPU),
          # then the committed run with counters. Predicted: ~1.5 min of tests, 5-7 min of run (16 points
          # a variant; torch.compile pays a compile per shape); the run gets what is left of ~9.5 min
@@ -168,7 +184,7 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

@@ -72,13 +72,14 @@ def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor
         inputs = make_inputs(shape, TORCH_DTYPES[dtype], device, g)
         expected = reference(**upcast(inputs))
         before = {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
-        _poison_allocator(tuple(expected.shape), TORCH_DTYPES[dtype], device)
+        for e in _outputs(expected):
+            _poison_allocator(tuple(e.shape), TORCH_DTYPES[dtype], device)
         try:
             with _fill_new_memory_with_nan(device):
                 out = fn(**inputs)
             if device == "cuda":
                 torch.cuda.synchronize()
-            err = _compare(out, expected, inputs, before, dtype, device)
+            err = _compare_all(out, expected, inputs, before, dtype, device)
         except NotImplementedError:
             raise
         except CheckFailed as e:
@@ -87,6 +88,30 @@ def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor
         if not err <= tol:  # NaN compares false: never passes
             return Check(False, worst, seeds, f"seed {seed}: relative error {err:.3g} over tolerance {tol:.3g}")
     return Check(True, worst, seeds)
+
+
+def _outputs(expected) -> tuple:
+    """The reference's outputs: one tensor, or a tuple of them (a fused kernel that writes two tensors)."""
+    return tuple(expected) if isinstance(expected, tuple) else (expected,)
+
+
+def _compare_all(out, expected, inputs: dict, before: dict, dtype: str, device: str) -> float:
+    """Where the reference returns a tuple, the variant returns a tuple of as many tensors, each checked as
+    a single output is, and must not alias another; the error is the worst output's."""
+    if not isinstance(expected, tuple):
+        return _compare(out, expected, inputs, before, dtype, device)
+    if type(out) is not tuple or len(out) != len(expected):
+        raise CheckFailed(f"returned {type(out).__name__}, not a tuple of {len(expected)} tensors as the reference")
+    errs = []
+    for i, (o, e) in enumerate(zip(out, expected)):
+        try:
+            errs.append(_compare(o, e, inputs, before, dtype, device))
+        except CheckFailed as err:
+            raise CheckFailed(f"output {i}: {err}") from None
+        for j in range(i):
+            if o.numel() and out[j].numel() and _overlaps(o, out[j]):
+                raise CheckFailed(f"outputs {j} and {i} alias each other")
+    return max(errs)
 
 
 def _compare(out, expected: torch.Tensor, inputs: dict, before: dict, dtype: str, device: str) -> float:

@@ -146,3 +146,30 @@ def test_inputs_are_fresh_per_seed(cheats):
 
     assert check(cheats.honest, cheats.reference, make_inputs, SHAPE, "fp32", "cpu", [1, 2, 1]).correct
     assert not torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
+
+
+# --- kernels that write two tensors (a fused add and norm: the sum and the normalised sum) -------------
+
+
+def _pair_inputs(shape, dtype, device, generator):
+    return {"x": torch.randn(shape["rows"], shape["cols"], generator=generator).to(dtype)}
+
+
+def _pair_reference(x):
+    return x * 2, x.sum(0)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: (x * 2, x.sum(0)), None),
+    (lambda x: x * 2, "not a tuple of 2 tensors"),
+    (lambda x: (x * 2,), "not a tuple of 2 tensors"),
+    (lambda x: (x * 2, x.sum(1)), "output 1: output shape"),
+    (lambda x: (x * 2, x.sum(0) + 1), "relative error"),
+    (lambda x: (x * 2, torch.full((x.shape[1],), float("nan"))), "output 1: 48 of 48"),
+    (lambda x: (lambda t: (t, t[0]))(x * 2), "outputs 0 and 1 alias"),
+])
+def test_a_tuple_of_outputs_is_checked_output_by_output(fn, words):
+    c = check(fn, _pair_reference, _pair_inputs, {"rows": 64, "cols": 48}, "fp32", "cpu", [1, 2])
+    assert c.correct == (words is None), c.error
+    if words:
+        assert words in c.error

@@ -67,3 +67,20 @@ def compiled(fn: Callable, **options) -> Callable:
         return build()(*args, **kwargs)
 
     return call
+
+
+def peer(module: str, x: torch.Tensor, what: str):
+    """A peer library's module for a peer rung (the `peers` extra installs it), imported at the call, or
+    NotImplementedError with the reason: not installed, or `x` is not on a GPU (peers' Triton kernels
+    are written for one; Liger's fail under TRITON_INTERPRET, calling .to() on a scalar argument that
+    the interpreter passes as a Python float). The run records the point as skipped with that reason."""
+    import importlib
+
+    try:
+        ops = importlib.import_module(module)
+    except ImportError as e:
+        raise NotImplementedError(f"{what}: {module.split('.')[0]} is not installed "
+                                  f"(pip install -e '.[peers]'): {e}") from None
+    if not x.is_cuda:
+        raise NotImplementedError(f"{what} runs on a GPU only: its Triton kernels fail under TRITON_INTERPRET")
+    return ops

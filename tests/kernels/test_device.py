@@ -27,3 +27,12 @@ def test_compiled_keeps_the_function_and_builds_lazily():
 
     f = device.compiled(double)
     assert f.__name__ == "double" and not calls  # nothing compiled at definition
+
+
+def test_peer_says_why_it_cannot_run():
+    import pytest
+
+    with pytest.raises(NotImplementedError, match="no_such_peer is not installed"):
+        device.peer("no_such_peer.ops", torch.empty(1), "a peer")
+    with pytest.raises(NotImplementedError, match="a peer runs on a GPU only"):
+        device.peer("torch.nn", torch.empty(1), "a peer")
