@@ -16,6 +16,7 @@ from pathlib import Path
 
 from casebook import provenance
 from casebook.load import CaseError, Lines, read_case
+from casebook.paths import refusal
 from casebook.schema import Case
 
 
@@ -72,14 +73,29 @@ def case_files(paths: list[Path]) -> tuple[list[Path], list[CaseError]]:
         if p.is_dir():
             found = sorted(f for f in p.glob("*.yaml") if not f.name.startswith("."))
             if not found:
-                errors.append(CaseError(p, 1, "file", "folder holds no case files (*.yaml)"))
+                errors.append(CaseError(p, 1, "file", f"folder {p.resolve()} holds no case files (*.yaml)"))
             for f in found:
                 files.setdefault(f.resolve(), f)
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             files.setdefault(p.resolve(), p)
         else:
-            errors.append(CaseError(p, 1, "file", "no such file or folder"))
-    return list(files.values()), errors
+            errors.append(CaseError(p, 1, "file", _missing(p)))
+    kept = []
+    for f in files.values():
+        why = refusal(f, Path(f).absolute().parent.parent)
+        if why:
+            errors.append(CaseError(f, 1, "file", why))
+        else:
+            kept.append(f)
+    return kept, errors
+
+
+def _missing(p: Path) -> str:
+    """Where a missing path was looked for, and what belongs there."""
+    where = p.absolute()
+    hint = ("run casebook in the book's root (the folder holding cases/ and casebook/kernels/), or name the "
+            "case files" if p == Path("cases") else "name a case file (cases/<id>.yaml) or a folder of them")
+    return f"no such file or folder (looked for {where}); {hint}"
 
 
 def book_root(path: Path) -> Path:
@@ -133,6 +149,9 @@ def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     module = case.kernel.module
     source = provenance.kernel_path(module, kernels_dir(path))
     shown = f"casebook/kernels/{module}.py"
+    why = refusal(source, source.parent) if source.exists() or source.is_symlink() else None
+    if why:
+        return [lines.error(("kernel", "module"), f"{shown} {why}")]
     if not source.is_file():
         return [lines.error(("kernel", "module"), f"no kernel module {shown}")]
     names = top_level_names(source)
@@ -195,7 +214,7 @@ def check_signatures(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     are not judged.
     """
     source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
-    if not source.is_file():
+    if not source.is_file() or refusal(source, source.parent):  # check_kernel reports it
         return []
     st = source.stat()
     sigs = _signatures(str(source), st.st_mtime_ns, st.st_size)
@@ -275,7 +294,8 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
                 errors.append(CaseError(path, i, "scaffold", f"still holds the scaffold's placeholder ({mark!r}); "
                                                              "write your case's own"))
     source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
-    text = source.read_text(encoding="utf-8", errors="replace") if source.is_file() else ""
+    readable = source.is_file() and not refusal(source, source.parent)  # check_kernel reports a refused one
+    text = source.read_text(encoding="utf-8", errors="replace") if readable else ""
     if SCAFFOLD_KERNEL in text:
         line = text[: text.index(SCAFFOLD_KERNEL)].count("\n") + 1
         errors.append(CaseError(path, 1, "scaffold", f"casebook/kernels/{case.kernel.module}.py:{line} still is the "
@@ -304,6 +324,10 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     errors = []
     for result in stored:
         shown = result.relative_to(root).as_posix()
+        why = refusal(result, root / "results") or refusal(result.parent, root / "results")
+        if why:
+            errors.append(CaseError(path, 1, "results", f"{shown} {why}"))
+            continue
         try:
             doc = json.loads(result.read_bytes())
             reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
@@ -347,12 +371,12 @@ def missed_claims(doc: dict) -> list[str]:
 
 
 def check_claims(path: Path, case: Case, lines: Lines) -> list[CaseError]:
-    """Warn when a case with results claims nothing, or a claim is scoped to machines with no stored result."""
+    """A case claims something (review requires at least one claim); warn when a claim is scoped to machines
+    with no stored result."""
     ran = {p.parent.name for p in (book_root(path) / "results").glob(f"*/{case.id}.json")}
     if not case.claims:
-        return [lines.error(("claims",), "no claims: the run checks nothing against its measurements; now that "
-                                         "there are results, add at least one (kinds: regime, roof_fraction, "
-                                         "throughput, speedup)", warning=True)] if ran else []
+        return [lines.error(("claims",), "no claims: the run checks nothing against its measurements; review "
+                                         "requires at least one (kinds: regime, roof_fraction, throughput, speedup)")]
     return [lines.error(("claims", i, "hardware"),
                         f"claim is scoped to {', '.join(c.hardware)}, which has no results/<hardware>/{case.id}.json: "
                         "it is never checked until the case runs there", warning=True)

@@ -33,7 +33,7 @@ def env() -> jinja2.Environment:
         autoescape=True, finalize=_finalize, trim_blocks=True, lstrip_blocks=False,
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
     )
-    e.filters.update(ident=_ident, shell=_shell, num=text.num, pct=text.pct, times=text.times, us=text.us, shape=text.shape,
+    e.filters.update(ident=_ident, shell=_shell, safe_url=text.safe_url, num=text.num, pct=text.pct, times=text.times, us=text.us, shape=text.shape,
                      shape_short=text.shape_short)
     return e
 
@@ -58,11 +58,14 @@ def render(template: str, **context) -> str:
     return env().get_template(f"site-{template}.md.j2").render(**context)
 
 
-def front_matter(title: str, **extra) -> Markup:
-    """YAML front matter written by the YAML dumper (never by string pasting); the title HTML-escaped,
-    because the theme prints it into <title> and the navigation without escaping."""
-    return Markup(yaml.safe_dump({"title": html.escape(text.plain(title)), **extra}, allow_unicode=True,
-                                 sort_keys=False).strip())
+def front_matter(title: str, description: str | None = None, **extra) -> Markup:
+    """YAML front matter written by the YAML dumper (never by string pasting); the title and the
+    description HTML-escaped, quotes included, because the theme prints them into <title>, the
+    navigation and <meta name="description" content="..."> without escaping."""
+    fields = {"title": html.escape(text.plain(title))}
+    if description is not None:
+        fields["description"] = html.escape(text.plain(description), quote=True)
+    return Markup(yaml.safe_dump({**fields, **extra}, allow_unicode=True, sort_keys=False).strip())
 
 
 # --- the case page ---------------------------------------------------------------------------
@@ -94,9 +97,8 @@ def case_page(entry: Entry, book: Book, images: dict[tuple[str, str], str]) -> s
         claims=_claims(entry, machines),
         counters=any(m.counters for m in machines),
         notes=text.markdown_html(c.writeup.notes) if c.writeup.notes.strip() else None,
-        source=Markup(_indent(source, 4)) if source is not None else None,
+        source=text.code_html(source) if source is not None else None,
         source_lines=source.count("\n") + 1 if source else 0,
-        fence=Markup("`" * max(3, _longest_run(source or "", "`") + 1)),
     )
 
 
@@ -122,15 +124,6 @@ def _claims(entry: Entry, machines: list[views.Machine]) -> list[dict]:
             outcomes.append({"mark": mark, "word": word, "css": css, "detail": found["detail"]})
         rows.append({"text": claim.text, "outcomes": outcomes})
     return rows
-
-
-def _indent(source: str, n: int) -> str:
-    pad = " " * n
-    return "\n".join(pad + line if line.strip() else "" for line in source.splitlines())
-
-
-def _longest_run(s: str, ch: str) -> int:
-    return max((len(m) for m in re.findall(f"{re.escape(ch)}+", s)), default=0)
 
 
 # --- ways in ---------------------------------------------------------------------------------
