@@ -469,6 +469,8 @@ class Result(Open):
     started_at: str = Field(description="UTC start time, ISO 8601.")
     finished_at: str = Field(description="UTC finish time, ISO 8601.")
     command: str = Field(description="The command that produced this result.")
+    argv: list[str] | None = Field(
+        default=None, description="The exact argument list of that command, every flag kept (absent in older results).")
 
 
 def dtype_bytes(dtype: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed
 
 
 def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float) -> int:
+         timeout: float, argv: list[str] | None = None) -> int:
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, load_case
 
@@ -63,6 +64,8 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
         from casebook import counters as counters_mod
 
         doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: console.print(msg, highlight=False))
+    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
+        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
     path = results.save(doc, results_dir)
     if json_out:
         out.print_json(json.dumps(doc))

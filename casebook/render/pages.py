@@ -265,11 +265,9 @@ def hardware(book: Book, images: dict[str, str]) -> str:
         hw = latest.result.hardware
         machines.append({"name": latest.hardware_name, "slug": slug, "anchor": links.anchor(slug),
                          "kind": hw.get("kind") or "–",
-                         "rows": _ceiling_rows(hw, [r.result.hardware for r in results]),
+                         "rows": _ceiling_rows(hw, [r.result.hardware for r in results], latest.result.environment),
                          **_source((hw.get("datasheet") or {}).get("source")),
-                         "environment": views._items({k: latest.result.environment.get(k) for k in
-                                                      ("device_name", "sm_count", "driver", "cuda", "torch",
-                                                       "triton", "python", "platform")}),
+                         "environment": views._items(_environment(latest.result.environment)),
                          "date": latest.result.started_at, "cases": len(results),
                          "image": links.rel(page, images[slug]) if slug in images else None})
     return render("hardware", front_matter=front_matter("Hardware"), machines=machines)
@@ -283,7 +281,21 @@ def _source(source: object) -> dict:
     return {"source_url": None, "source_note": " ".join(words)}
 
 
-def _ceiling_rows(hw: dict, every: list[dict]) -> list[dict]:
+def _environment(env: dict) -> dict:
+    """What the hardware page shows of a run's environment; the driver under the name the run stored it
+    by (`driver_version`, or `driver` in older results)."""
+    keys = {"device_name": "device_name", "cpu": "cpu", "cpu_count": "cpu_count", "sm_count": "sm_count",
+            "memory_gb": "memory_gb", "driver": ("driver_version", "driver"), "cuda": "cuda", "torch": "torch",
+            "triton": "triton", "python": "python", "platform": "platform"}
+    out = {}
+    for shown, stored in keys.items():
+        value = next((env.get(k) for k in ((stored,) if isinstance(stored, str) else stored) if env.get(k)), None)
+        if value is not None or shown in ("driver", "cuda"):
+            out[shown] = value
+    return out
+
+
+def _ceiling_rows(hw: dict, every: list[dict], environment: dict | None = None) -> list[dict]:
     """The latest result's ceilings beside their datasheet peaks, and the range each took over every stored
     result of the machine (a ceiling is measured once per run, and a GPU's clock moves with its load)."""
     d = hw.get("datasheet") or {}
@@ -295,8 +307,9 @@ def _ceiling_rows(hw: dict, every: list[dict]) -> list[dict]:
                  ("CUDA-graph launch", "µs", ("graph_launch_us", ), None)]
     rows = [_ceiling(what, unit, _measured(hw, key), peak, [_measured(h, key) for h in every])
             for what, unit, key, peak in ceilings]
-    if d.get("l2_mb"):
-        rows.append(_ceiling("L2 cache", "MB", None, d.get("l2_mb"), []))
+    l2 = (environment or {}).get("l2_mb")  # the device reports its L2 size: recorded by the run
+    if d.get("l2_mb") or l2:
+        rows.append(_ceiling("L2 cache (size the device reports)", "MB", l2, d.get("l2_mb"), []))
     return rows
 
 

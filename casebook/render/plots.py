@@ -122,9 +122,11 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
         ridge = tf * 1e3 / bw if bw else x_lo
         ax.plot([max(ridge, x_lo), x_hi], [tf, tf], **style, zorder=2)
     if labels:
-        # Ceilings closer than a label's height share one label, on the highest of them.
-        for tf, text_ in _ceiling_labels(groups):
-            ax.annotate(f"{text_} TFLOP/s {label}", (x_hi, tf), xytext=(-2, 2 if faint else -2),
+        # One label per ceiling, at its own height; ceilings closer than a label's height stack their
+        # labels (away from the line: measured under, datasheet over), each with its own number.
+        for tf, text_, k in _ceiling_labels(groups):
+            dy = (2 + 9 * k) if faint else -(2 + 9 * k)
+            ax.annotate(f"{text_} {_tf(tf)} TFLOP/s {label}", (x_hi, tf), xytext=(-2, dy),
                         ha="right", va="bottom" if faint else "top", **text)
 
 
@@ -141,29 +143,24 @@ def _tf(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _ceiling_labels(groups: dict[float, str], apart: float = 1.25) -> list[tuple[float, str]]:
-    """(height, text) per label: ceilings within `apart` of the one above share its label
-    ("bf16 789 / fp16 750"), since on a log axis of several decades their labels would overprint."""
-    labels: list[tuple[float, list[str]]] = []
+def _ceiling_labels(groups: dict[float, str], apart: float = 1.25) -> list[tuple[float, str, int]]:
+    """(height, dtypes, place in its stack) per ceiling: a ceiling within `apart` of the one above it takes
+    the next place in that one's stack (on a log axis of several decades their labels would overprint)."""
+    out: list[tuple[float, str, int]] = []
     for tf, dtypes in sorted(groups.items(), reverse=True):
-        if labels and labels[-1][0] / tf < apart:
-            labels[-1][1].append(f"{dtypes} {_tf(tf)}")
-        else:
-            labels.append((tf, [f"{dtypes} {_tf(tf)}"]))
-    return [(tf, " / ".join(parts)) for tf, parts in labels]
+        k = out[-1][2] + 1 if out and out[-1][0] / tf < apart else 0
+        out.append((tf, dtypes, k))
+    return out
 
 
 def _ceiling_groups(ceilings: dict[str, float]) -> dict[float, str]:
-    """Ceilings within 5% of each other share one line and one label ("bf16/fp16")."""
-    groups: list[tuple[float, list[str]]] = []
+    """One line per measured ceiling; dtypes whose ceilings are the same number (fp8_e4m3 and fp8_e5m2 run
+    one matmul rate) share it ("fp8_e4m3/fp8_e5m2"). Ceilings that merely lie close keep a line each."""
+    groups: dict[float, list[str]] = {}
     for dtype, tf in sorted(ceilings.items(), key=lambda kv: kv[1]):
-        if not tf or tf <= 0:
-            continue
-        if groups and tf <= groups[-1][0] * 1.05:
-            groups[-1][1].append(dtype)
-        else:
-            groups.append((float(tf), [dtype]))
-    return {tf: "/".join(d) for tf, d in groups}
+        if tf and tf > 0:
+            groups.setdefault(round(float(tf), 6), []).append(dtype)
+    return {tf: "/".join(d) for tf, d in groups.items()}
 
 
 def _groups(points: list[dict], keep) -> dict[tuple[str, str], list[dict]]:
@@ -212,7 +209,8 @@ def roofline(data: dict) -> bytes:
                      marker=MARKERS.get(dtype, "X"), edgecolors="white", linewidths=0.5, zorder=4)
     _log_axes(left)
     y_top = max(ceilings + ys + [1e-3]) * 3
-    y_lo = min(ys + [t[1] for t in ticks] + [y_top / 1e4]) / 4
+    # Fitted to the points and their ceiling ticks (the roofs that bind them), at least a decade and a half.
+    y_lo = min(min(ys + [t[1] for t in ticks] + [y_top]) / 3, y_top / 30)
     left.set_xlim(x_lo, x_hi)
     left.set_ylim(y_lo, y_top)
     left.set_xlabel("arithmetic intensity (FLOP / byte, from the traffic model)")
@@ -242,7 +240,9 @@ def roofline(data: dict) -> bytes:
 
     handles = [Line2D([], [], ls="", marker="o", color=colors[v], label=v) for v in data["variants"]
                if any(p["variant"] == v for p in points)]
-    handles += [Line2D([], [], ls="", marker=MARKERS.get(d, "X"), color="#5b636b", label=d) for d in dtypes]
+    # Dtype markers hollow and in ink: never mistaken for the baseline's grey.
+    handles += [Line2D([], [], ls="", marker=MARKERS.get(d, "X"), color=INK, markerfacecolor="none", label=d)
+                for d in dtypes]
     handles += [Line2D([], [], color="#d1495b", lw=2.2, label="attainable ceiling")]
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.905, 0.5))
     return _svg(fig)
@@ -267,7 +267,7 @@ def speedups(data: dict) -> bytes:
     top.axhline(1.0, color=INK, lw=1.0, zorder=4)
     top.set_ylabel(f"speedup over {data.get('baseline', 'baseline')}")
     top.set_title(f"Level 2 · speedup across the workload · {data['hardware']}  (dashed: weighted geomean)")
-    top.legend(loc="upper left", ncol=min(n, 6))
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars, never over them
     top.grid(axis="x", visible=False)
     bottom.bar(range(len(shapes)), weights, color="#c3c8cf", width=0.8, zorder=3)
     for i, w in enumerate(weights):
@@ -369,8 +369,9 @@ def ceilings(data: dict) -> bytes:
         if mbw:
             r = tf * 1e3 / mbw
             ax.scatter([r], [tf], s=18, color="#d1495b", zorder=4)
-            ax.annotate(f"ridge {r:.3g}", (r, tf), xytext=(-5, 2), textcoords="offset points", ha="right",
-                        va="bottom", fontsize=7, color="#d1495b")
+            # Under the ceiling, right of the ridge: the ceilings' labels sit at the far right end.
+            ax.annotate(f"ridge {r:.3g}", (r, tf), xytext=(4, -3), textcoords="offset points", ha="left",
+                        va="top", fontsize=7, color="#d1495b")
     _log_axes(ax)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(min(bws) * x_lo / 1e3 / 2, max(all_ceilings + [1.0]) * 3)

@@ -55,6 +55,8 @@ class Machine:
     result_file: str = ""
     best: str | None = None
     best_roof: float | None = None
+    shapes_measured: str = ""
+    dtypes_measured: str = ""
 
 
 def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
@@ -92,9 +94,12 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
     m.level2_summary = [{"variant": s.get("variant"), "geomean": text.times(s.get("geomean_speedup")),
                          "worst": text.times(s.get("worst_speedup")),
                          "worst_shape": text.shape(s.get("worst_shape") or {}),
-                         "regressions": ", ".join(text.shape_short(x) for x in s.get("regressions") or []) or "none",
+                         "regressions": _regressions(s, wl.get("points") or []),
                          "good": _ok(s.get("worst_speedup")) and s["worst_speedup"] >= 1}
                         for s in wl.get("summary") or []]
+    measured = [p for p in r.kernel_level if p.status in ("ok", "checked")]
+    m.shapes_measured = "; ".join(dict.fromkeys(text.shape(p.shape) for p in measured))
+    m.dtypes_measured = ", ".join(dict.fromkeys(p.dtype for p in measured))
     m.level2_points = _level2_table(entry, wl.get("points") or [])
     m.level2_variants = [v.name for v in entry.case.kernel.variants
                          if any(v.name in row["speedups"] for row in m.level2_points)]
@@ -124,8 +129,10 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = "✓ checked, not timed here"
     elif p.status == "failed" and p.correct:  # a right answer whose time was refused (the physics gate)
         check = f"✗ {p.error or 'refused'}"
+    elif p.status == "failed" and p.error:  # the reason (input modified, wrong dtype, NaN), not an error of 0
+        check = f"✗ {p.error}"
     elif p.status == "failed":
-        check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✗ wrong answer"
+        check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) and p.max_rel_err > 0 else "✗ wrong answer"
     else:
         check = f"{p.status}: {p.error or ''}".rstrip(": ")
     full = check
@@ -137,6 +144,26 @@ def _level1_row(p: Point, baseline: str) -> dict:
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
+
+
+def _regressions(summary: dict, points: list[dict]) -> str:
+    """The shapes where the variant is slower than the baseline, and the ones where it was never timed
+    (failed, crashed, skipped), with the reason: a variant that failed everywhere has no regression to
+    list, and 'none' would read as a clean bill."""
+    slower = ", ".join(text.shape_short(x) for x in summary.get("regressions") or [])
+    mine = [p for p in points if p.get("variant") == summary.get("variant")]
+    untimed = [p for p in mine if p.get("status") not in ("ok", "checked")]
+    if not untimed:
+        return slower or "none"
+    by: dict[str, list[dict]] = {}
+    for p in untimed:
+        by.setdefault(str(p.get("status")), []).append(p)
+    first = untimed[0]
+    reason = f" (first: {first.get('error')})" if first.get("error") else ""
+    counts = ", ".join(f"{p_status} at {len(ps)}" for p_status, ps in by.items())
+    every = len(untimed) == len(mine)
+    return (f"{'every shape' if every else 'not timed'}: {counts} of {len(mine)} shapes{reason}"
+            + (f"; slower at {slower}" if slower else ""))
 
 
 def _regime(p: Point) -> str:
