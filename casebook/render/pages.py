@@ -199,15 +199,21 @@ def claims(book: Book) -> str:
                   open=[r for r in rows if not r["held"]], held=[r for r in rows if r["held"]])
 
 
+def shown_by(book: Book, source: Entry, t) -> list[Entry]:
+    """The cases that show a transfer: the one it names, else every other case of its operator in the book."""
+    if t.case and book.get(t.case):
+        return [book.get(t.case)]
+    return [e for e in book.entries if e.case.operator == t.operator and e.id != source.id]
+
+
 def transfers(book: Book) -> str:
     page = links.TRANSFERS
     rows = []
     for e in book.entries:
         for t in e.case.transfers:
-            target = book.get(t.case) if t.case else None
             rows.append({"case": views.case_row(e, page), "operator": t.operator, "why": t.why,
                          "operator_url": links.rel(page, links.BY_OPERATOR, t.operator),
-                         "target": views.case_row(target, page) if target else None})
+                         "targets": [views.case_row(x, page) for x in shown_by(book, e, t)]})
     return render("transfers", front_matter=front_matter("Transfer graph"), rows=rows,
                   graph=Markup(mermaid_graph(book)))
 
@@ -218,6 +224,7 @@ def mermaid_graph(book: Book) -> str:
     ops: dict[str, str] = {}
     for e in book.entries:
         lines.append(f'  c_{e.id}(["{_mermaid_label(e.id)}"]):::case')
+    shown: set[tuple[str, str]] = set()
     for e in book.entries:
         for t in e.case.transfers:
             if t.case and book.get(t.case):
@@ -228,6 +235,10 @@ def mermaid_graph(book: Book) -> str:
                 ops[key] = f"o{len(ops)}"
                 lines.append(f'  {ops[key]}["{_mermaid_label(t.operator)}"]:::operator')
             lines.append(f"  c_{e.id} --> {ops[key]}")
+            for x in shown_by(book, e, t):  # the operator's own cases: where the transfer is already shown
+                if (ops[key], x.id) not in shown:
+                    shown.add((ops[key], x.id))
+                    lines.append(f"  {ops[key]} -. shown by .-> c_{x.id}")
     lines.append("  classDef case fill:#e8f0fe,stroke:#3f51b5,color:#1a237e")
     lines.append("  classDef operator fill:#fff8e1,stroke:#b28704,color:#4e3b00")
     return "\n".join(lines)
@@ -255,6 +266,19 @@ def atlas(book: Book, images: dict[str, str]) -> str:
         machines.append({"name": results[0].hardware_name, "anchor": links.anchor(slug), "rows": rows,
                          "image": links.rel(page, images[slug]) if slug in images else None})
     return render("atlas", front_matter=front_matter("Atlas"), machines=machines)
+
+
+def home(book: Book, images: dict[str, str]) -> str:
+    """The book on the home page: how many cases, a card per case with its headline number, the atlas of
+    the first machine (GPUs first) that has one. A fragment for docs/index.md, relative to it."""
+    page = "index.md"
+    atlas_of = next(((slug, results) for slug, results in book.hardware().items() if slug in images), None)
+    atlas_view = None
+    if atlas_of:
+        slug, results = atlas_of
+        atlas_view = {"name": results[0].hardware_name, "image": links.rel(page, images[slug]),
+                      "url": links.rel(page, links.ATLAS, slug)}
+    return render("home", cases=[views.case_row(e, page) for e in book.entries], atlas=atlas_view)
 
 
 def hardware(book: Book, images: dict[str, str]) -> str:

@@ -23,6 +23,10 @@ PLOTS_SOURCE = Path(plots.__file__)
 class Generated:
     pages: dict[str, str]  # docs path -> Markdown
     images: dict[str, tuple[str, dict]]  # docs path -> (plot kind, data)
+    home: str = ""  # the book's part of the home page (docs/index.md's HOME_MARKER)
+
+
+HOME_MARKER = "<!-- casebook:book -->"
 
 
 def plan(book: Book) -> Generated:
@@ -62,7 +66,7 @@ def plan(book: Book) -> Generated:
     out[links.TAGS] = pages.tags_page()
     out[links.ATLAS] = pages.atlas(book, atlas_images)
     out[links.HARDWARE] = pages.hardware(book, hardware_images)
-    return Generated(out, images)
+    return Generated(out, images, pages.home(book, atlas_images))
 
 
 def draw(images: dict[str, tuple[str, dict]], cache_dir: Path | None, workers: int | None = None) -> dict[str, bytes]:

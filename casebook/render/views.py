@@ -236,12 +236,37 @@ def _ok(x: object) -> bool:
 
 
 def case_row(entry: Entry, page: str) -> dict:
-    """One line of an index table: link, operator, bottleneck, patterns, machines."""
+    """One line of an index table: link, operator, bottleneck, patterns, machines, and the outcome on the
+    machine the case is about (GPUs first), so that cases compare without a click."""
     c = entry.case
     return {"title": c.title, "url": links.rel(page, links.case_page(c.id)), "id": c.id, "operator": c.operator,
             "bottleneck": c.bottleneck.kind, "patterns": ", ".join(c.patterns),
             "ai": text.num(c.bottleneck.arithmetic_intensity),
-            "machines": ", ".join(r.slug + (" (stale)" if r.stale else "") for r in entry.results) or "no results yet"}
+            "machines": ", ".join(r.slug + (" (stale)" if r.stale else "") for r in entry.results) or "no results yet",
+            **outcome(entry)}
+
+
+def outcome(entry: Entry) -> dict:
+    """The headline of a case's leading result: best variant, its median % of roof, its speedup over the
+    baseline (level-2 weighted geomean, else the median level-1 speedup), and where that was measured."""
+    none = {"best": "–", "roof": "–", "speedup": "–", "on": "", "headline": None}
+    if not entry.results:
+        return none
+    stored = entry.results[0]
+    best = best_variant(entry, stored)
+    if best is None:
+        return {**none, "on": stored.slug}
+    r = stored.result
+    fracs = [p.roof_fraction for p in r.kernel_level if p.variant == best and _ok(p.roof_fraction)]
+    geo = next((s.get("geomean_speedup") for s in (r.workload_level or {}).get("summary") or []
+                if s.get("variant") == best and _ok(s.get("geomean_speedup"))), None)
+    if geo is None:
+        ups = [p.speedup for p in r.kernel_level if p.variant == best and _ok(p.speedup)]
+        geo = statistics.median(ups) if ups else None
+    roof = text.pct(statistics.median(fracs)) if fracs else "–"
+    speedup = "baseline" if best == entry.case.kernel.baseline else text.times(geo)
+    return {"best": best, "roof": roof, "speedup": speedup, "on": stored.slug,
+            "headline": f"{roof} of roof, {speedup} over {entry.case.kernel.baseline}"}
 
 
 def operators(book: Book) -> dict[str, dict]:
