@@ -115,11 +115,12 @@ def code_html(source: str, language: str = "python") -> Markup:
 def unfold_lists(source: str) -> str:
     """A Markdown list that YAML folding put on one line ("Steps: - one - two") back on lines of its own.
 
-    Only where a line holds at least two ` - item` runs, so a lone dash in prose stays prose."""
+    Only where a line holds at least two ` - item` runs after a colon or a full stop (or from its start), so
+    a dash in prose ("exp(x - max)", "a - b") stays prose."""
     out = []
     for row in source.split("\n"):
-        if len(re.findall(r" - \S", row)) >= 2 and not row.startswith(("|", "    ")):
-            head, *items = re.split(r" +- (?=\S)", row)
+        head, *items = re.split(r"(?:^| +)- (?=\S)", row)
+        if len(items) >= 2 and (not head.strip() or head.rstrip().endswith((":", "."))) and not row.startswith("    "):
             out += ([head, ""] if head.strip() else []) + [f"- {item}" for item in items] + [""]
         else:
             out.append(row)
