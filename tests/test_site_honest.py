@@ -262,6 +262,7 @@ def test_the_baselines_grey_is_not_the_dtype_markers_colour():
                           "points": [{"variant": v, "dtype": "bf16", "shape": "1x2", "ai": 1.0, "tflops": 0.5,
                                       "ceiling_tflops": 1.0, "roof_fraction": 0.5} for v in ("eager", "fast")]}).decode()
     legend = svg[svg.index('id="legend_1"'):]
-    assert plots.BASELINE_GREY.lower() in legend.lower()  # the baseline's marker
-    bf16 = legend[legend.index("bf16") - 1500:legend.index("bf16")]
-    assert plots.BASELINE_GREY.lower() not in bf16.lower().split("eager")[-1]
+    baseline_marker = legend[:legend.index(">eager<")].rsplit("<use ", 1)[1]
+    dtype_marker = legend[:legend.index(">bf16<")].rsplit("<use ", 1)[1]
+    assert plots.BASELINE_GREY in baseline_marker  # the baseline: a filled grey dot
+    assert "fill-opacity: 0" in dtype_marker and plots.INK in dtype_marker  # a dtype: a hollow ink outline
