@@ -266,3 +266,31 @@ def test_the_baselines_grey_is_not_the_dtype_markers_colour():
     dtype_marker = legend[:legend.index(">bf16<")].rsplit("<use ", 1)[1]
     assert plots.BASELINE_GREY in baseline_marker  # the baseline: a filled grey dot
     assert "fill-opacity: 0" in dtype_marker and plots.INK in dtype_marker  # a dtype: a hollow ink outline
+
+
+# --- confusing: the run table and the CPU page ----------------------------------------------------
+
+
+def cpu_result() -> dict:
+    return json.loads((REPO / "tests/fixtures/results" / FIXTURE_CPU / "softmax_fusion.json").read_text())
+
+
+def test_the_run_table_says_why_a_point_was_skipped_which_roof_binds_and_uses_cpu_units(capsys, monkeypatch):
+    from casebook.commands import run
+
+    monkeypatch.setattr(run.out, "width", 250)
+    doc = cpu_result()
+    skipped = next(p for p in doc["kernel_level"] if p["status"] == "skipped")
+    timed = next(p for p in doc["kernel_level"] if p["status"] == "ok" and 0 < p["roof_fraction"] < 0.5)
+    run.report(doc)
+    out = capsys.readouterr().out
+    assert f"skipped: {skipped['error']}"[:50] in out
+    assert f"{timed['regime']} roof, {1 / timed['roof_fraction']:.0f}x below" in out
+    assert re.search(r"\d GFLOP/s|\d MFLOP/s", out) and not re.search(r"0\.0000\d+", out)
+
+
+def test_the_cpu_page_uses_units_that_fit_and_says_how_far_below_the_roof(tmp_path, plot_cache):
+    html = words(case_html(built_with(tmp_path, plot_cache)))
+    cpu = html[html.index("x86-64 CPU, 2 cores", html.index("Level 1 · the single-kernel limit")):]
+    assert re.search(r"\d (GFLOP/s|MFLOP/s)", cpu) and re.search(r"\d GB/s", cpu)
+    assert re.search(r"bandwidth, \d+(\.\d)?× below", cpu)

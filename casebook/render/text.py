@@ -169,6 +169,18 @@ def nbytes(x: object) -> str:
     return "–"
 
 
+def rate(x: object, unit: str = "FLOP/s", base: float = 1e12) -> str:
+    """A rate in the unit that fits it: `rate(2.1e-5)` (TFLOP/s) -> `21.0 MFLOP/s`, `rate(4245, "B/s", 1e9)`
+    -> `4.25 TB/s`; a CPU's numbers read as plainly as a GPU's."""
+    if not _finite(x):
+        return "–"
+    v = float(x) * base
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{num(v / scale)} {prefix}{unit}"
+    return f"{num(v)} {unit}"
+
+
 def shape(s: dict) -> str:
     """`{rows: 32768, cols: 4096}` -> `rows 32768 × cols 4096`, words kept so that search finds them."""
     return " × ".join(f"{k} {v}" for k, v in s.items())

@@ -140,7 +140,7 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
             "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread,
-            "gbps": text.num(p.gbps), "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
+            "gbps": text.rate(p.gbps, "B/s", 1e9), "tflops": text.rate(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
@@ -168,9 +168,14 @@ def _regressions(summary: dict, points: list[dict]) -> str:
 
 def _regime(p: Point) -> str:
     """The regime; a point filed under launch by its host issue time says so, with the time."""
+    if not p.regime:
+        return "–"
+    regime = p.regime
     if p.regime == "launch" and host_bound(p.host_issue_us, p.floor_us):
-        return f"launch (host {text.num(p.host_issue_us)} µs)"
-    return p.regime or "–"
+        regime = f"launch (host {text.num(p.host_issue_us)} µs)"
+    if _ok(p.roof_fraction) and 0 < p.roof_fraction < 0.5:  # which roof binds, and how far below it the point is
+        return f"{regime}, {text.num(1 / p.roof_fraction, 2)}× below"
+    return regime
 
 
 def _level2_table(entry: Entry, points: list[dict]) -> list[dict]:
