@@ -273,7 +273,7 @@ def test_the_books_own_cases_and_stored_results_build_strictly(tmp_path: Path, p
     assert "First call (JIT / autotune / compile, outside every median)" in html
     assert re.search(r"torch_grouped_mm\s+[0-9.,]+ s \(slowest shape [0-9.,]+ s\)", html)
     # The per-expert loop on the H200 is launch-bound by its host issue time, and its row says so.
-    assert re.search(r"64×8192×1408×4096\s+loop\s+(?:\S+\s+){5}launch \(host [0-9.,]+ µs\)", html)
+    assert re.search(r"64×8192×1408×4096\s+loop\s+(?:\S+\s+){5,9}?launch \(host [0-9.,]+ µs\)", html)
 
 
 def test_neighbouring_ceiling_ticks_share_one_label():
