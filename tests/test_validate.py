@@ -323,3 +323,32 @@ def test_provenance_hashes_bytes():
     assert provenance.kernel_sha256("gelu_fit") == hashlib.sha256(leaf.read_bytes()).hexdigest()
     with pytest.raises(ValueError):
         provenance.kernel_path("../etc/passwd")
+
+
+# --- one pass ----------------------------------------------------------------------------------------
+
+
+def test_every_problem_of_a_file_in_one_pass(make_case, line_of):
+    path = make_case({
+        "operator: softmax\n": "operator: softmax\nopertor: typo\n",          # schema: an unknown field
+        "  kind: bandwidth\n": "  kind: bandwith\n",                           # schema: a wrong literal
+        "    x: [rows, cols]": "    x: [rows, colz]",                          # shapes: a wrong dimension name
+        "  - operator: layernorm\n": "  - operator: layernorm\n    case: layer_norm_nope\n",  # links
+        "  reference: reference\n": "  reference: referense\n",                # kernel names
+    })
+    found = [(e.line, e.field) for e in validate([path]).errors]
+    assert found == sorted(found)  # in line order
+    assert found == [
+        (line_of(path, "opertor: typo"), "opertor"),
+        (line_of(path, "kind: bandwith"), "bottleneck.kind"),
+        (line_of(path, "case: layer_norm_nope"), "transfers.0.case"),
+        (line_of(path, "reference: referense"), "kernel.reference"),
+        (line_of(path, "x: [rows, colz]"), "kernel.tensors.x"),
+    ]
+
+
+def test_a_wrong_dimension_name_points_at_the_tensors_line(make_case, line_of):
+    path = make_case({"    x: [rows, cols]": "    x: [rows, colz]"})
+    [error] = validate([path]).errors
+    assert str(error) == (f"{path}:{line_of(path, 'x: [rows, colz]')}: kernel.tensors.x: dimension 'colz' is in no "
+                          "shape (the shapes' keys: cols, rows)")
