@@ -294,3 +294,16 @@ def test_the_cpu_page_uses_units_that_fit_and_says_how_far_below_the_roof(tmp_pa
     cpu = html[html.index("x86-64 CPU, 2 cores", html.index("Level 1 · the single-kernel limit")):]
     assert re.search(r"\d (GFLOP/s|MFLOP/s)", cpu) and re.search(r"\d GB/s", cpu)
     assert re.search(r"bandwidth, \d+(\.\d)?× below", cpu)
+
+
+def test_a_partial_end_to_end_still_shows_the_measured_kernel_share(tmp_path, plot_cache):
+    def partial(doc):
+        doc["end_to_end"] = {"shape": {"batch": 1, "heads": 4, "seq": 256, "head_dim": 64}, "dtype": "bf16",
+                             "baseline": "torch_softmax", "variant": "triton_online", "baseline_us": 354.9,
+                             "baseline_kernel_us": 97.7, "kernel_share": 0.2753, "status": "partial",
+                             "error": "variant triton_online cannot be timed here"}
+
+    html = words(case_html(built_with(tmp_path, plot_cache, partial, hardware=FIXTURE_CPU)))
+    assert "partial : variant triton_online cannot be timed here" in html or \
+        "partial: variant triton_online cannot be timed here" in html
+    assert re.search(r"torch_softmax 355 µs 97.7 µs 28%", html)

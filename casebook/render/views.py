@@ -198,7 +198,12 @@ def _e2e(e: dict) -> dict:
     if not e:
         return {"status": "absent"}
     if e.get("status", "ok") != "ok":
-        return {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
+        out = {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
+        if _ok(e.get("kernel_share")):  # the baseline was timed: its kernel share is a measurement, shown
+            out.update(share=text.pct(e["kernel_share"]), baseline=e.get("baseline"),
+                       baseline_us=text.us(e.get("baseline_us")), baseline_kernel_us=text.us(e.get("baseline_kernel_us")),
+                       shape=text.shape(e.get("shape") or {}), dtype=e.get("dtype"))
+        return out
     return {"status": "ok", "shape": text.shape(e.get("shape") or {}), "dtype": e.get("dtype"),
             "baseline": e.get("baseline"), "variant": e.get("variant"),
             "baseline_us": text.us(e.get("baseline_us")), "variant_us": text.us(e.get("variant_us")),
