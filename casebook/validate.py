@@ -61,7 +61,7 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
         report.problems += check_kernel(path, case, lines)
         report.problems += check_signatures(path, case, lines)
         if strict:
-            report.problems += check_cpu_path(case, lines)
+            report.problems += check_cpu_path(case, lines, path)
             report.problems += check_results(path, case, lines)
             report.problems += check_claims(path, case, lines)
             report.problems += check_scaffold(path, case)
@@ -348,15 +348,22 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
     return errors
 
 
-def check_cpu_path(case: Case, lines: Lines) -> list[CaseError]:
-    """Warn when a variant runs only on CUDA: nobody without a GPU can check it."""
-    return [
-        lines.error(("kernel", "variants", i, "backends"),
-                    f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only "
-                    "machines", warning=True)
-        for i, v in enumerate(case.kernel.variants)
-        if "cuda" in v.backends and not {"cpu", "interpreter"} & set(v.backends)
-    ]
+def check_cpu_path(case: Case, lines: Lines, path: Path | None = None) -> list[CaseError]:
+    """Warn when a variant runs only on CUDA: nobody without a GPU can check it. A torch.compile variant is
+    told that Inductor compiles for a CPU too, so `cpu` is the fix, not a reason."""
+    source = provenance.kernel_path(case.kernel.module, kernels_dir(path)) if path else None
+    text = source.read_text(encoding="utf-8", errors="replace") if source and source.is_file() and not refusal(
+        source, source.parent) else ""
+    out = []
+    for i, v in enumerate(case.kernel.variants):
+        if "cuda" not in v.backends or {"cpu", "interpreter"} & set(v.backends):
+            continue
+        message = f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only machines"
+        if "torch.compile" in text and "compile" in f"{v.name} {v.fn}":
+            message = (f"variant {v.name!r} runs only on cuda, but torch.compile's Inductor also compiles for a CPU "
+                       "(C++/OpenMP): add `cpu` to its backends so that it is checked and timed there")
+        out.append(lines.error(("kernel", "variants", i, "backends"), message, warning=True))
+    return out
 
 
 def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:

@@ -352,3 +352,9 @@ def test_a_wrong_dimension_name_points_at_the_tensors_line(make_case, line_of):
     [error] = validate([path]).errors
     assert str(error) == (f"{path}:{line_of(path, 'x: [rows, colz]')}: kernel.tensors.x: dimension 'colz' is in no "
                           "shape (the shapes' keys: cols, rows)")
+
+
+def test_strict_tells_a_torch_compile_variant_that_inductor_runs_on_a_cpu(make_case, line_of):
+    path = make_case()
+    [warning] = [str(w) for w in validate([path], strict=True).warnings if "torch_compile" in str(w)]
+    assert "Inductor also compiles for a CPU" in warning and "add `cpu` to its backends" in warning
