@@ -95,11 +95,13 @@ def _tflops_fmt(y: float, _pos: int) -> str:
 
 
 def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str, labels: bool = True,
-           avoid: list[float] = ()) -> None:
+           avoid: list[float] = (), short: bool = True) -> None:
     """Bandwidth slope and one compute ceiling per distinct value, from x_lo to x_hi.
 
     Measured labels sit under their line and datasheet labels over theirs, so that they never collide
-    (a datasheet peak is at or above the measured one). Call `_align_slopes` once the limits are set."""
+    (a datasheet peak is at or above the measured one); a compute label is short ("bf16 810": the axis gives
+    the unit, the legend the line styles), so that it stays clear of the points. Call `_align_slopes` once
+    the limits are set."""
     bw = roofs.get("bandwidth_gbps")
     style = dict(color=FAINT, lw=1.0, ls=(0, (4, 3))) if faint else dict(color=INK, lw=1.6)
     text = dict(color=FAINT if faint else INK, fontsize=7.5, textcoords="offset points")
@@ -126,17 +128,38 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
         # labels (away from the line: measured under, datasheet over), each with its own number.
         for tf, text_, k in _ceiling_labels(groups):
             dy = (2 + 9 * k) if faint else -(2 + 9 * k)
-            ax.annotate(f"{text_} {_tf(tf)} TFLOP/s {label}", (x_hi, tf), xytext=(-2, dy),
-                        ha="right", va="bottom" if faint else "top", **text)
+            words = f"{text_} {_tf(tf)}" if short else f"{text_} {_tf(tf)} TFLOP/s {label}"
+            ann = ax.annotate(words, (x_hi, tf), xytext=(-2, dy), ha="right", va="bottom" if faint else "top", **text)
+            ann.casebook_ceiling = (tf, faint)
 
 
 def _align_slopes(ax) -> None:
-    """Turn each bandwidth label to the screen angle of its line (after limits and size are final)."""
+    """Turn each bandwidth label to the screen angle of its line, and keep the ceilings' labels from
+    overprinting (after limits and size are final)."""
+    _spread_labels(ax)
     for ann in ax.texts:
         slope = getattr(ann, "casebook_slope", None)
         if slope:
             (x0, y0), (x1, y1) = ax.transData.transform([(slope[0], slope[1]), (slope[2], slope[3])])
             ann.set_rotation(math.degrees(math.atan2(y1 - y0, x1 - x0)))
+
+
+def _spread_labels(ax, height_pt: float = 9.5) -> None:
+    """Ceiling labels at least a line apart on screen: measured ones pushed down from their line, datasheet
+    ones pushed up, in order, so that close ceilings (bf16 810, fp16 783) each keep a legible label."""
+    to_pt = 72.0 / ax.figure.dpi
+    for faint in (False, True):
+        anns = [a for a in ax.texts if getattr(a, "casebook_ceiling", (None, None))[1] is faint]
+        ys = {id(a): ax.transData.transform((1.0, a.casebook_ceiling[0]))[1] * to_pt for a in anns}
+        edge = None  # the far side of the last label placed, in points
+        for a in sorted(anns, key=lambda a: -ys[id(a)] if not faint else ys[id(a)]):
+            y = ys[id(a)]
+            if not faint:
+                top = y - 2 if edge is None else min(y - 2, edge - 1)
+                a.xyann, edge = (a.xyann[0], top - y), top - height_pt
+            else:
+                bottom = y + 2 if edge is None else max(y + 2, edge + 1)
+                a.xyann, edge = (a.xyann[0], bottom - y), bottom + height_pt
 
 
 def _tf(x: float) -> str:
@@ -244,8 +267,17 @@ def roofline(data: dict) -> bytes:
     handles += [Line2D([], [], ls="", marker=MARKERS.get(d, "X"), color=INK, markerfacecolor="none", label=d)
                 for d in dtypes]
     handles += [Line2D([], [], color="#d1495b", lw=2.2, label="attainable ceiling")]
+    handles += _roof_handles(datasheet is not None)
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.905, 0.5))
     return _svg(fig)
+
+
+def _roof_handles(datasheet: bool) -> list[Line2D]:
+    """Legend entries for the roofs' line styles: solid measured, dashed datasheet."""
+    out = [Line2D([], [], color=INK, lw=1.6, label="measured roof")]
+    if datasheet:
+        out.append(Line2D([], [], color=FAINT, lw=1.0, ls=(0, (4, 3)), label="datasheet roof"))
+    return out
 
 
 def speedups(data: dict) -> bytes:
@@ -348,7 +380,8 @@ def atlas(data: dict) -> bytes:
     ax.set_title(f"Atlas · {data['hardware']} · best variant of every case, every level-1 shape")
     _align_slopes(ax)
     if not many and cases:
-        ax.legend(loc="upper left")
+        handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + _roof_handles(datasheet is not None), loc="upper left")
     return _svg(fig)
 
 
@@ -365,22 +398,26 @@ def ceilings(data: dict) -> bytes:
         _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet", labels=False)
     _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured")
     mbw = measured.get("bandwidth_gbps")
-    for tf, dtypes in _ceiling_groups(measured.get("compute_tflops") or {}).items():
-        if mbw:
-            r = tf * 1e3 / mbw
-            ax.scatter([r], [tf], s=18, color="#d1495b", zorder=4)
-            # Under the ceiling, right of the ridge: the ceilings' labels sit at the far right end.
-            ax.annotate(f"ridge {r:.3g}", (r, tf), xytext=(4, -3), textcoords="offset points", ha="left",
-                        va="top", fontsize=7, color="#d1495b")
+    ridges = sorted(((tf * 1e3 / mbw, tf) for tf in _ceiling_groups(measured.get("compute_tflops") or {})),
+                    reverse=True) if mbw else []
+    labelled: list[float] = []
+    for r, tf in ridges:
+        ax.scatter([r], [tf], s=18, color="#d1495b", zorder=4)
+        if labelled and labelled[-1] / r < 1.3:  # ridges this close (bf16 184, fp16 191) share one label
+            continue
+        labelled.append(r)
+        close = [x for x, _ in ridges if x <= r and r / x < 1.3]
+        words = f"ridge {r:.3g}" if len(close) == 1 else "ridges " + " / ".join(f"{x:.3g}" for x in close)
+        # Over the slope, left of the point: the region above the roofs is empty.
+        ax.annotate(words, (min(close), tf), xytext=(-6, 3), textcoords="offset points", ha="right", va="bottom",
+                    fontsize=7, color="#d1495b")
     _log_axes(ax)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(min(bws) * x_lo / 1e3 / 2, max(all_ceilings + [1.0]) * 3)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"Ceilings · {data['hardware']}")
-    if datasheet:
-        ax.legend(handles=[Line2D([], [], color=INK, lw=1.6, label="measured"),
-                           Line2D([], [], color=FAINT, lw=1.0, ls=(0, (4, 3)), label="datasheet")], loc="upper left")
+    ax.legend(handles=_roof_handles(datasheet is not None), loc="upper left")
     _align_slopes(ax)
     return _svg(fig)
 
