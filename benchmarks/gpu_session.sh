@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU work of a session in a few full device calls (each under the 10-minute limit), with what
-# earlier sessions learned: inputs on the device, one tarball back (the device returns 8 files at most),
-# a checkpoint per variant so a call cut short still returns what it measured.
+# The GPU runs behind the stored H200 results, each a full device call under a 10-minute limit: inputs
+# made on the device, one tarball back (the device returns 8 files at most), a checkpoint per variant
+# so a call cut short still returns what it measured.
 #
 # Run on the device from the repository root, after the wheel install line:
 #   bash benchmarks/gpu_session.sh softmax        # GPU-only tests, full softmax ladder + ncu counters,
@@ -25,7 +25,8 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
-# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/*.json. The script
+# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
+# run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -35,7 +36,7 @@ export CASEBOOK_CACHE="$out/cache" PYTHONUNBUFFERED=1
 run_case() {  # run_case CASE SECONDS [ARGS...]
   local case=$1 limit=$2
   shift 2
-  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --results "$out/results" "$@" \
+  timeout "$limit" python3 -m casebook.cli run "cases/$case.yaml" --save --results "$out/results" "$@" \
     > "$out/logs/$case.txt" 2> "$out/logs/$case.err"
   echo "$case: exit $?"
   grep -A20 '^Claims' "$out/logs/$case.txt" | head -12
@@ -51,7 +52,7 @@ case "${1:-}" in
     cat "$out/logs/copy.txt" ;;
   softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
     mkdir -p "$out/rerun"
-    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_rerun.txt" 2>&1
     echo "softmax rerun: exit $?"
     python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json \
@@ -60,7 +61,7 @@ case "${1:-}" in
                  # runs would), compared: the run-to-run figure
     mkdir -p "$out/rerun"
     for i in 1 2; do
-      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun/run$i" \
+      timeout 280 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun/run$i" \
         > "$out/logs/softmax_run$i.txt" 2>&1
       echo "softmax run $i: exit $?"
     done
@@ -69,7 +70,7 @@ case "${1:-}" in
   softmax-full)  # the result to commit (with counters), then a second run on this machine, compared
     mkdir -p "$out/rerun"
     run_case softmax_fusion 320 --counters
-    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --results "$out/rerun" \
+    timeout $((580 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
       > "$out/logs/softmax_run2.txt" 2>&1
     echo "softmax run 2: exit $?"
     python3 -m casebook.cli compare "$out/results/nvidia-h200/softmax_fusion.json" \
@@ -78,7 +79,7 @@ case "${1:-}" in
     run_case softmax_fusion 420 --counters ;;
   softmax-persist)  # cluster_bulk's persistent schedule against one row per cluster, then every GPU-only
                     # softmax test, then the committed run
-    timeout 100 python3 benchmarks/explore/cluster_softmax.py --persist > "$out/logs/cluster_persist.txt" 2>&1
+    timeout 100 python3 benchmarks/explore/softmax_fusion/cluster_softmax.py --persist > "$out/logs/cluster_persist.txt" 2>&1
     echo "persist: exit $?"; cat "$out/logs/cluster_persist.txt"
     timeout 120 python3 -m pytest -q -x tests/kernels/test_softmax_fusion_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
@@ -89,7 +90,7 @@ case "${1:-}" in
     run_case softmax_fusion $((570 - SECONDS)) --counters ;;
   gemm-runs)  # the machine's ceilings (measured once, shared by the runs), then the three GEMM cases
     timeout 120 python3 -m casebook.cli hardware > "$out/logs/hardware.txt" 2>&1; echo "hardware: exit $?"; cat "$out/logs/hardware.txt"
-    # 2026-12-01f: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
+    # measured: 128, 70 and 117 s before paired timings (run.pair_tasks: 6, 2 and 2 pairs of ~10 s
     # each, plus the compiles of a fresh process); the last case gets what is left of the 10 minutes.
     run_case gemm_epilogue 300
     run_case gemm_grouped 150
@@ -99,7 +100,7 @@ case "${1:-}" in
     echo "gpu pytest: exit $?"; tail -2 "$out/logs/gpu_pytest.txt"
     timeout 60 python3 benchmarks/harness_vs_do_bench.py "$out/logs/do_bench.json" > "$out/logs/do_bench.txt" 2>&1
     cat "$out/logs/do_bench.txt" | head -8
-    timeout 200 python3 benchmarks/explore/epilogue_subtile.py > "$out/logs/epilogue_subtile.txt" 2>&1
+    timeout 200 python3 benchmarks/explore/gemm_epilogue/epilogue_subtile.py > "$out/logs/epilogue_subtile.txt" 2>&1
     echo "subtile: exit $?"; cat "$out/logs/epilogue_subtile.txt" ;;
   gemm)  # the epilogue first (it changed most), the price of its epilogue, then the other two
     run_case gemm_epilogue 250
@@ -109,21 +110,21 @@ case "${1:-}" in
     run_case gemm_grouped 110
     run_case gemm_tiled 200 ;;
   pingpong)  # the Gluon ping-pong GEMM exploration: correctness, then times beside cuBLAS and the TMA GEMM
-    timeout 90 python3 benchmarks/explore/pingpong_epilogue.py --check > "$out/logs/pingpong.txt" 2>&1 \
-      && timeout 240 python3 benchmarks/explore/pingpong_epilogue.py >> "$out/logs/pingpong.txt" 2>&1
+    timeout 90 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py --check > "$out/logs/pingpong.txt" 2>&1 \
+      && timeout 240 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py >> "$out/logs/pingpong.txt" 2>&1
     echo "pingpong: exit $?"; tail -40 "$out/logs/pingpong.txt" ;;
   tma-rows)  # the Gluon TMA-rows softmax exploration: correctness, then times beside a copy and triton_online
-    timeout 90 python3 benchmarks/explore/tma_rows_softmax.py --check > "$out/logs/tma_rows.txt" 2>&1 \
-      && timeout 200 python3 benchmarks/explore/tma_rows_softmax.py >> "$out/logs/tma_rows.txt" 2>&1
+    timeout 90 python3 benchmarks/explore/softmax_fusion/tma_rows_softmax.py --check > "$out/logs/tma_rows.txt" 2>&1 \
+      && timeout 200 python3 benchmarks/explore/softmax_fusion/tma_rows_softmax.py >> "$out/logs/tma_rows.txt" 2>&1
     echo "tma-rows: exit $?"; tail -30 "$out/logs/tma_rows.txt" ;;
   epilogue)  # why the erfc epilogue is not hidden (clocks), the ping-pong kernel's times, then the case
-    timeout 60 python3 benchmarks/explore/epilogue_clocks.py > "$out/logs/epilogue_clocks.txt" 2>&1
+    timeout 60 python3 benchmarks/explore/gemm_epilogue/epilogue_clocks.py > "$out/logs/epilogue_clocks.txt" 2>&1
     echo "clocks: exit $?"; cat "$out/logs/epilogue_clocks.txt"
-    timeout 150 python3 benchmarks/explore/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
+    timeout 150 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py > "$out/logs/pingpong.txt" 2>&1
     echo "pingpong: exit $?"; grep -v normwise "$out/logs/pingpong.txt"
     run_case gemm_epilogue 250 ;;
   epilogue-case)  # the ping-pong kernel checked at ragged shapes, then gemm_epilogue
-    timeout 60 python3 benchmarks/explore/pingpong_epilogue.py --check > "$out/logs/pingpong_check.txt" 2>&1
+    timeout 60 python3 benchmarks/explore/gemm_epilogue/pingpong_epilogue.py --check > "$out/logs/pingpong_check.txt" 2>&1
     echo "pingpong check: exit $?"; cat "$out/logs/pingpong_check.txt"
     run_case gemm_epilogue 280 ;;
   grouped)

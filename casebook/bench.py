@@ -16,13 +16,14 @@ host's, as it would in a loop.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from casebook import interference
 from casebook.stats import Summary, median_stable, summarize
 
 
@@ -37,10 +38,7 @@ class Protocol:
     max_reps: int = 2000
     target_ci: float = 0.005
     """Repetitions stop once the median's 95% confidence interval lies within this fraction of it on
-    either side (`stats.median_stable`), or at `max_reps` or `time_cap_s`. Measured on an H200
-    (2026-12-01d, benchmarks/explore/flush_and_stability.py): medians of 20 repetitions of 24-37 us
-    calls scatter by up to 2.4%, of 200 by under 1%; the normal-theory rule used before stopped such
-    calls after 20-40, and two runs then differed by 2-4% at a few points."""
+    either side (`stats.median_stable`), or at `max_reps` or `time_cap_s` (why: docs/method.md, 3)."""
     time_cap_s: float = 1.0
     statistic: str = "median"
     host_slack_us: float | None = None
@@ -68,6 +66,9 @@ class Timing:
     """The host's time to issue one call (`host_issue_us`); 0 on a CPU."""
     slack_us: float = 0.0
     """The device-side delay each GPU repetition started behind."""
+    interference: dict = field(default_factory=dict)
+    """What else the machine did over the repetitions (`interference.Window`): raw readings, judged by
+    `casebook.stability`."""
 
 
 def _sync(device: str) -> None:
@@ -100,9 +101,7 @@ class _L2Flusher:
 
     It writes (as triton.testing.do_bench does), leaving dirty lines whose write-back the timed call
     pays: it also leaves its own last writes in the L2 unpaid, so the two balance, as for a kernel
-    whose predecessor wrote its output. A flush that only read would leave clean lines and flatter
-    the call by up to an L2 of writes (on an H200, a 64 MB copy: 33.3 against 36.7 us;
-    benchmarks/explore/flush_and_stability.py)."""
+    whose predecessor wrote its output (docs/method.md, 3: "The flush writes")."""
 
     def __init__(self) -> None:
         self.buffer = torch.empty(l2_flush_bytes() // 4, dtype=torch.int32, device="cuda")
@@ -150,6 +149,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
         sample, timer = _cuda_sampler(fn, protocol.cache == "cold", slack), "cuda events"
 
     times: list[float] = []
+    window = interference.Window()
     cap = time.perf_counter() + protocol.time_cap_s
     batch = protocol.min_reps
     while True:
@@ -159,7 +159,7 @@ def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol
                        or time.perf_counter() > cap):
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    return Timing(summarize(times), timer, host_us, slack)
+    return Timing(summarize(times), timer, host_us, slack, window.close())
 
 
 PIPELINED_CALLS = 20
@@ -182,11 +182,8 @@ def host_issue_us(fn: Callable[[], object], synced_us: list[float]) -> float:
     """The host's own time to issue one call: the lesser of two measurements, each of which can only
     overstate it. From a synchronised start (`synced_us`, the warm-up calls), a host just back from
     waiting is slow (cold caches, clocks); in a back-to-back loop (`pipelined_host_us`), a call that
-    waits on the device inside (a copy of sizes to the host) pays the device's time as well.
-    Measured on an H200 (2026-12-01c, notes/h200-2026-12-01c/host_overhead-after.txt and the
-    gemm_grouped runs): the tiled Triton GEMM took 62 us from a synchronised start and 46 us in a loop,
-    the TMA GEMM 77 and 73 us; a CUDA-graph replay that first copies its group sizes to the host 65 us
-    from a synchronised start and, in a loop, the 700 us its graph runs on the device."""
+    waits on the device inside (a copy of sizes to the host) pays the device's time as well
+    (docs/method.md, 3: "Host time is measured two ways")."""
     return min(float(np.median(synced_us)), pipelined_host_us(fn, min(len(synced_us), PIPELINED_CALLS)))
 
 
@@ -293,9 +290,9 @@ def _cpu_sampler(fn: Callable[[], object], flush: bool) -> Callable[[int], list[
 
 def count_launches(fn: Callable[[], object]) -> dict[str, int]:
     """Kernels one call runs on the GPU, counted with the profiler: launched directly, or replayed in a graph."""
-    from torch.profiler import ProfilerActivity, profile
-
     import warnings
+
+    from torch.profiler import ProfilerActivity, profile
 
     try:
         with warnings.catch_warnings():

@@ -95,7 +95,8 @@ def _speedup(claim: SpeedupClaim, kernel_points: list[dict], workload: dict, e2e
     if claim.statistic == "geomean":
         weights = [p.get("weight", 1.0) for p, _ in pairs]
         g = weighted_geomean([s for _, s in pairs], weights)
-        return {"held": g >= need, "detail": f"weighted geomean {_x(g, need)} over {len(pairs)} shapes (need {need:g}x)"}
+        return {"held": g >= need,
+                "detail": f"weighted geomean {_x(g, need)} over {len(pairs)} shapes (need {need:g}x)"}
     p, s = min(pairs, key=lambda ps: ps[1])
     ladder = f"worst {_x(s, need)} at {_label(p)} over {len(pairs)} points"
     runs = [paired.get(pair_key(claim.variant, claim.over, p["shape"], p["dtype"])) for p, _ in pairs]

@@ -44,6 +44,47 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+MODEL_NOISE = r"\((r|tm)\)|\b(cpu|processor|\d+-core)\b|@.*$"
+"""Words of a CPU's model name that tell no two machines apart: trademarks, "CPU", "Processor",
+"64-Core" (the core count comes from the machine), the clock after "@"."""
+
+MEMORY_CLASSES_GIB = sorted({m * 2**k for k in range(12) for m in (1, 1.5)} - {1.5})
+"""1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ... GiB: a machine's memory, to the nearest (in ratio) of these,
+is its class. MemTotal reads a little under the installed size (the kernel keeps some), and differs between
+boots; the class does not."""
+
+
+def memory_class_gib(total_bytes: int) -> float:
+    """The memory class (`MEMORY_CLASSES_GIB`) nearest to `total_bytes` in ratio: 23.5 GiB -> 24."""
+    import math
+
+    gib = total_bytes / 2**30
+    return min(MEMORY_CLASSES_GIB, key=lambda c: abs(math.log(gib / c)))
+
+
+def cpu_slug(model: str, cores: int, memory_bytes: int | None) -> str:
+    """A CPU machine's hardware name: `cpu-<model>-<cores>c-<memory class>g`, e.g. `cpu-amd-epyc-7b13-2c-24g`
+    or `cpu-intel-xeon-2c-24g`. The model alone is not a machine: one "AMD EPYC" name once stood for a
+    46 GB/s and a 16-19 GB/s copy ceiling; the cores (logical CPUs) and the memory class tell such
+    machines apart. The model is the name less `MODEL_NOISE`, at most 32 characters."""
+    import re
+
+    name = slug(re.sub(MODEL_NOISE, " ", model, flags=re.IGNORECASE))[:32].strip("-") or "unknown"
+    memory = f"-{memory_class_gib(memory_bytes):g}g" if memory_bytes else ""
+    return f"cpu-{name}-{cores}c{memory}"
+
+
+def memory_bytes() -> int | None:
+    """Installed memory as /proc/meminfo's MemTotal; None where unreadable."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def identify() -> dict:
     """Which machine this is: slug, name, kind, the datasheet entry if any."""
     import torch
@@ -54,9 +95,9 @@ def identify() -> dict:
             if any(m in name for m in spec["match"]):
                 return {"slug": key, "name": name, "kind": "gpu", "datasheet": spec}
         return {"slug": slug(name), "name": name, "kind": "gpu", "datasheet": None}
-    model = cpu_model()
-    return {"slug": "cpu-" + slug(model)[:40].strip("-"), "name": model, "kind": "cpu", "datasheet": None,
-            "cores": os.cpu_count()}
+    model, cores, memory = cpu_model(), os.cpu_count() or 1, memory_bytes()
+    return {"slug": cpu_slug(model, cores, memory), "name": model, "kind": "cpu", "datasheet": None,
+            "cores": cores, "memory_gib": round(memory / 2**30, 1) if memory else None}
 
 
 def environment() -> dict:
@@ -127,7 +168,6 @@ def _git() -> dict:
 
 # --- measured ceilings -------------------------------------------------------------------------
 
-
 def ceilings(remeasure: bool = False) -> dict:
     """Measured ceilings of this machine, from the cache unless asked to measure again."""
     import torch
@@ -161,16 +201,13 @@ def measure_gpu() -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     src = torch.randn(2**28, device="cuda", generator=g)  # 1 GiB of fp32, far over L2
     dst = torch.empty_like(src)
-    copy_us = time_fn(lambda: dst.copy_(src), "cuda", proto).summary.min_us
+    copy_us = time_fn(lambda: dst.copy_(src), "cuda", proto).summary.min_us  # noqa: F821 (called before the del below)
     copy_gbps = 2 * src.numel() * 4 / copy_us / 1e3
     del src, dst
 
-    # A GPU at its power limit runs matmuls at a clock set by its recent power draw: on an H200
-    # (2026-12-01d, notes/h200-2026-12-01d/ceiling_clocks.txt) one 4096^3 bf16 matmul ran 768 TFLOP/s
-    # when the GPU had idled, 711 after 3 s of 8192^3 (SM clock 1980 -> 1470 MHz at 688 of 700 W), 771
-    # again after 2 s idle. A ceiling measured hot reads low, and the gate then refuses honest points
-    # (727 and 683 read this way against case points of 775-786 and 735-750). So each shape is timed
-    # after a rest, and the ceiling is the fastest of several shapes.
+    # A GPU at its power limit runs matmuls at a clock set by its recent power draw, so a ceiling
+    # measured hot reads low and the gate refuses honest points: each shape is timed after a rest,
+    # and the ceiling is the fastest of several shapes (docs/method.md, 3: "Ceilings are measured rested").
     def best_tflops(dtype, shapes, call=torch.matmul, b_column_major=False) -> float:
         best = 0.0
         for m, n, k in shapes:

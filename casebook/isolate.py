@@ -51,7 +51,8 @@ def run_isolated(worker: Callable[[Any], dict], tasks: list, *, timeout_s: float
                 _kill(proc)
                 j = first + (current if current is not None else done)
                 results[j] = {"status": "timeout",
-                              "error": f"no answer within {timeout_s if current is not None else startup_s:.0f} s: killed"}
+                              "error": f"no answer within {timeout_s if current is not None else startup_s:.0f} s: "
+                                       "killed"}
                 _emit(on_done, j, results[j])
                 next_first = j + 1
                 break

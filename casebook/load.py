@@ -88,7 +88,9 @@ def read_case(path: str | Path) -> tuple[schema.Case, Lines]:
     try:
         case = schema.Case.model_validate(data)
     except ValidationError as e:
-        errors = [located for err in e.errors() for located in _located_all(err, lines)]
+        # a default computed from a field that failed (a variant's fn from its name) repeats that error
+        errors = [located for err in e.errors() if err["type"] != "default_factory_not_called"
+                  for located in _located_all(err, lines)]
     stem = Path(path).stem
     if isinstance(data.get("id"), str) and data["id"] != stem:
         errors.append(lines.error(("id",), f"id {data['id']!r} differs from the file name {Path(path).name!r}; "
@@ -122,7 +124,8 @@ def read_yaml(path: str | Path) -> tuple[dict, Lines]:
         raise CaseError(path, 1, "file", "is empty: a case is a YAML mapping of fields (schema_version, id, ...)")
     if not isinstance(data, dict):
         kind = "a list" if isinstance(data, list) else f"a single value ({data!r:.40})"
-        raise CaseError(path, 1, "file", f"top level is {kind}; a case is a mapping of fields (schema_version, id, ...)")
+        raise CaseError(path, 1, "file",
+                        f"top level is {kind}; a case is a mapping of fields (schema_version, id, ...)")
     return data, Lines(path, lines)
 
 

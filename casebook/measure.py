@@ -19,7 +19,7 @@ KERNELS_PACKAGE = "casebook.kernels"
 class Task:
     """One unit of measurement: a variant at a shape and dtype (levels 1, 2) or in the scenario (level 3)."""
 
-    kind: str  # "point" | "end_to_end" | "pair"
+    kind: str  # "point" | "end_to_end" | "pair" | "traffic"
     module: str
     variant: str
     fn: str
@@ -46,6 +46,9 @@ def work(task: Task) -> dict:
     """Entry point in the child."""
     import torch
 
+    from casebook.interference import cpu_threads
+
+    torch.set_num_threads(cpu_threads())  # explicit, and recorded with each point
     torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = task.dtype == "tf32"
     mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
@@ -54,9 +57,19 @@ def work(task: Task) -> dict:
             return _end_to_end(task, mod)
         if task.kind == "pair":
             return _pair(task, mod)
+        if task.kind == "traffic":
+            return _traffic(task, mod)
         return _point(task, mod)
     except NotImplementedError as e:  # the variant's own word that it does not cover this shape
         return {"status": "skipped", "error": f"unsupported: {e}"}
+
+
+def _traffic(task: Task, mod) -> dict:
+    """The traffic model alone, at the task's shape and dtype: nothing runs but the model."""
+    from casebook.check import TORCH_DTYPES
+
+    traffic = getattr(mod, task.traffic)(task.shape, TORCH_DTYPES[task.dtype])
+    return {"status": "ok", "flops": traffic.flops, "bytes": traffic.bytes}
 
 
 def _point(task: Task, mod) -> dict:
@@ -103,7 +116,12 @@ def _point(task: Task, mod) -> dict:
     out.update(status="ok", median_us=s.median_us, median_ci_us=[s.ci_lo_us, s.ci_hi_us], p10_us=s.p10_us,
                p90_us=s.p90_us, cv=s.cv, repetitions=s.repetitions, first_call_s=first_call[0],
                timer=timing.timer, flops=traffic.flops, bytes=traffic.bytes,
-               traffic_terms=traffic.as_dict()["terms"], launches=launches)
+               traffic_terms=traffic.as_dict()["terms"], launches=launches,
+               threads=_threads(), interference=timing.interference)
+    if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
+        from casebook.interference import gpu_state
+
+        out["interference"] = {**timing.interference, "gpu": gpu_state()}
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
                   launch_us=task.roofs["launch_us"])
     n_launch = launch_count(launches, task.roofs)
@@ -114,10 +132,17 @@ def _point(task: Task, mod) -> dict:
         return {**out, "status": "failed", "error": str(e)}
     out.update(gbps=p.gbps, tflops=p.tflops, arithmetic_intensity=p.arithmetic_intensity, floor_us=p.floor_us,
                compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
-               launch_floor_us=p.launch_floor_us, host_issue_us=timing.host_us, roof_fraction=p.roof_fraction, regime=p.regime,
+               launch_floor_us=p.launch_floor_us, host_issue_us=timing.host_us, roof_fraction=p.roof_fraction,
+               regime=p.regime,
                attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
                bandwidth_roof_gbps=roofs.bandwidth_gbps)
     return out
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _timed(task: Task, fn, protocol, make_inputs) -> tuple:

@@ -1,4 +1,4 @@
-"""What a result was measured from: sha256 of the case file and of the kernel module, byte for byte.
+"""What a result was measured from: the meaning of the case's measured part, and the kernel module's bytes.
 
 A kernel module that imports another kernel module (a shared GEMM core, say) is hashed together with
 it, so a change to the shared code marks every result that ran it as stale.
@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any, Mapping
+
+from pydantic import BaseModel
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 """The installed kernel modules (`casebook/kernels/<module>.py`)."""
@@ -73,23 +75,33 @@ def kernel_imports(source: bytes) -> set[str]:
 
 
 def measurement_sha256(case: Any) -> str:
-    """sha256 of what a run measures and judges: the case's kernel, levels and claims (not its prose).
+    """sha256 of what a run measures and judges, by meaning: the validated case's kernel, levels and
+    claims (not its prose), keys sorted, every field left at its default omitted.
 
-    Results record it beside the file hash, so rewording a case's write-up leaves its results current.
+    So a result stays current through reformatting, comments, reordered keys, a default spelled out
+    (`fn` equal to the variant's name) and a new optional field in the schema; any change of value stales it.
     """
-    kernel = case.kernel.model_dump(mode="json")
-    for variant in kernel["variants"]:
-        for field in ADDED_FIELDS:
-            if variant.get(field) is None:
-                variant.pop(field, None)
-    spec = {"kernel": kernel, "levels": case.levels.model_dump(mode="json"),
-            "claims": [c.model_dump(mode="json") for c in case.claims]}
+    spec = {"kernel": meaning(case.kernel), "levels": meaning(case.levels),
+            "claims": [meaning(c) for c in case.claims]}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-ADDED_FIELDS = ("reference",)
-"""Variant fields added to the schema after results were stored: hashed only when set, so adding an
-optional field leaves every case that does not use it, and its results, as they were."""
+def meaning(value: Any) -> Any:
+    """A validated model as plain JSON data without the fields that hold their default."""
+    if isinstance(value, BaseModel):
+        data = {}
+        for name, field in type(value).model_fields.items():
+            v = getattr(value, name)
+            if not field.is_required() and v == field.get_default(call_default_factory=True,
+                                                                  validated_data=dict(value)):
+                continue
+            data[name] = meaning(v)
+        return data
+    if isinstance(value, dict):
+        return {k: meaning(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [meaning(v) for v in value]
+    return value
 
 
 def stale_reasons(result: Mapping, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:

@@ -25,13 +25,34 @@ def result_path(results_dir: Path, hardware_slug: str, case_id: str) -> Path:
     return Path(results_dir) / hardware_slug / f"{case_id}.json"
 
 
+def runs_dir() -> Path:
+    """Where `casebook run` keeps every run: `$CASEBOOK_CACHE/runs` (default ~/.cache/casebook/runs), outside
+    the repository, so that running a case leaves the work tree as it was. `results/` is written only on
+    request (`run --save`, `casebook record`)."""
+    from casebook.hardware import CACHE_DIR
+
+    return CACHE_DIR / "runs"
+
+
+def run_path(runs: Path, doc: dict) -> Path:
+    """`<runs>/<hardware-slug>/<case-id>/<UTC start, 20261202T070430Z>.json`: one file per run."""
+    stamp = doc["started_at"].replace("-", "").replace(":", "").replace("+0000", "Z")
+    return Path(runs) / doc["hardware"]["slug"] / doc["case_id"] / f"{stamp}.json"
+
+
 def save(doc: dict, results_dir: Path) -> Path:
+    """Write to `results_dir/<hardware-slug>/<case-id>.json` (`save_as`)."""
+    return save_as(doc, result_path(results_dir, doc["hardware"]["slug"], doc["case_id"]))
+
+
+def save_as(doc: dict, path: Path) -> Path:
     """Validate and write atomically (temp file in the same folder, then rename): never a half-written result.
 
-    A complete result replaces the case's checkpoint; an incomplete one is written as the checkpoint.
+    A complete result replaces the checkpoint beside it; an incomplete one is written as the checkpoint
+    (`<path>.partial`).
     """
     Result.model_validate(doc)
-    path = result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    path = Path(path)
     checkpoint = path.with_name(path.name + PARTIAL)
     if doc.get("complete") is False:
         path = checkpoint

@@ -104,3 +104,20 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
         gbps=bytes_moved / median_us / 1e3,
         tflops=flops / median_us / 1e6,
     )
+
+
+CEILINGS_APART = 0.20
+"""Two results under one hardware name whose measured ceilings differ by more than this (the larger over
+the smaller, less one) were measured on different machines, or one of them on a disturbed one: a GPU's
+ceilings move a few percent with its clocks (1% between the stored H200 runs), never 20%."""
+
+
+def ceilings_apart(a: dict, b: dict) -> list[str]:
+    """The measured ceilings (copy bandwidth, matmul per dtype) on which `a` and `b` differ by more than
+    `CEILINGS_APART`, each as `name a vs b`."""
+    pairs = [("copy", "GB/s", a.get("copy_gbps"), b.get("copy_gbps"))]
+    ma, mb = a.get("matmul_tflops") or {}, b.get("matmul_tflops") or {}
+    pairs += [(f"{d} matmul", "TFLOP/s", ma[d], mb[d]) for d in ma if d in mb]
+    return [f"{what} {x:.3g} vs {y:.3g} {unit}" for what, unit, x, y in pairs
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and min(x, y) > 0
+            and max(x, y) / min(x, y) - 1 > CEILINGS_APART]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from casebook import claims as claims_mod
-from casebook import hardware
+from casebook import hardware, interference, stability
 from casebook.bench import CPU, QUICK, Protocol
 from casebook.check import TOLERANCE
 from casebook.isolate import run_isolated
@@ -22,6 +22,7 @@ from casebook.measure import Task, work
 from casebook.provenance import case_sha256, kernel_path, kernel_sha256, measurement_sha256
 from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
 from casebook.stats import weighted_geomean
+from casebook.traffic import INTENSITY_TOLERANCE
 
 Progress = Callable[[str, dict], None]
 SEED = 20261129
@@ -102,7 +103,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
            "started": _now(), "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(),
            "env": hardware.environment()}
-    run["env"]["clocks_start"] = hardware.clocks()
+    run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
+                      cpu_threads=interference.cpu_threads())
     protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
@@ -120,6 +122,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         if checkpoint is not None and len(outcomes) < len(groups):
             checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
 
+    run["intensity"] = intensity_check(case, run_isolated(work, [traffic_task(case)], timeout_s=timeout_s,
+                                                          env=variant_env(interpreted=False))[0])
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
@@ -130,6 +134,29 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         payloads = run_isolated(work, pairs, timeout_s=timeout_s, env=variant_env(interpreted=False), on_done=paired)
         run["pairs"] = list(zip(pairs, payloads))
     return assemble(run, protocol, groups, outcomes, complete=True)
+
+
+def traffic_task(case: Case) -> Task:
+    """The traffic model at the case's first level-1 (GPU) shape and first dtype, in a child like the rest."""
+    k = case.kernel
+    return Task(kind="traffic", module=k.module, variant="", fn="", shape=case.levels.kernel.shapes[0],
+                dtype=case.levels.kernel.dtypes[0], level="kernel", device="cpu", timed=False, seed=SEED,
+                protocol={}, traffic=k.traffic)
+
+
+def intensity_check(case: Case, payload: dict) -> dict:
+    """The declared arithmetic intensity beside the traffic model's at `traffic_task`'s shape and dtype."""
+    task = traffic_task(case)
+    out = {"shape": task.shape, "dtype": task.dtype, "declared": case.bottleneck.arithmetic_intensity,
+           "tolerance": INTENSITY_TOLERANCE}
+    if payload.get("status") != "ok" or not payload.get("bytes"):
+        return {**out, "error": payload.get("error") or "the traffic model gives no bytes"}
+    modelled = payload["flops"] / payload["bytes"]
+    out["modelled"] = modelled
+    if out["declared"] is not None and modelled > 0:
+        out["difference"] = out["declared"] / modelled - 1
+        out["flagged"] = abs(out["difference"]) > INTENSITY_TOLERANCE
+    return out
 
 
 PAIR_TIME_CAP_S = 0.5
@@ -183,6 +210,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         for task, p in pairs:
             point = {"variant": name, "shape": task.shape, "dtype": task.dtype, **p}
             point.pop("traceback", None)
+            if task.kind == "point" and (unstable := stability.reasons(point, task.device)):
+                point["unstable"] = unstable
             if task.kind == "end_to_end":
                 e2e_runs[name] = p
             elif task.level == "kernel":
@@ -196,7 +225,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
     workload = {"dtype": case.levels.workload.dtype, "description": case.levels.workload.description,
                 "points": workload_points, "summary": _workload_summary(workload_points, case.kernel.baseline)}
     e2e = _end_to_end(case, e2e_runs, on_gpu)
-    env = {**run["env"], "clocks_end": hardware.clocks()}
+    env = {**run["env"], "clocks_end": hardware.clocks(), "load_average_end": interference.load_average()}
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
                     "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
@@ -235,6 +264,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "workload_level": workload,
         "end_to_end": e2e,
         "counters": [],
+        "stability": stability.summary(kernel_points + workload_points),
+        "arithmetic_intensity": run.get("intensity"),
         "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e, _paired(run)),
     }
 

@@ -120,11 +120,13 @@ class Variant(Strict):
     """One rung of the variant ladder."""
 
     name: Ident = Field(description="Variant name, used in results and on the page.")
-    fn: Ident = Field(description="Function in the kernel module that runs this variant.")
+    fn: Ident = Field(default_factory=lambda data: data["name"],
+                      description="Function in the kernel module that runs this variant (default: the variant's name).")
     note: Text = Field(description="One line: what this variant changes over the previous one.")
     backends: list[Backend] = Field(
         min_length=1,
-        description="Where it runs: `cuda` (GPU), `cpu` (timed on CPU), `interpreter` (Triton interpreter, checked on CPU, not timed).",
+        description="Where it runs: `cuda` (GPU), `cpu` (timed on CPU), `interpreter` (Triton interpreter, checked on "
+                    "CPU, not timed).",
     )
     tolerance: float | None = Field(
         default=None, gt=0, lt=1, description="Override of the per-dtype normwise relative error bound."
@@ -141,12 +143,16 @@ class Kernel(Strict):
     """The runnable code: a module inside `casebook.kernels`, named, never a file path."""
 
     module: Ident = Field(description="Module name under `casebook/kernels/`, usually the case id.")
-    reference: Ident = Field(description="Float64 reference function: same inputs (upcast), returns the exact answer.")
-    inputs: Ident = Field(description="Input maker: `(shape, dtype, device, generator) -> dict of tensors`.")
-    traffic: Ident = Field(description="Traffic model: `(shape, dtype) -> Traffic` (FLOPs and bytes, term by term).")
+    reference: Ident = Field(default="reference", description="Float64 reference function: same inputs (upcast), "
+                             "returns the exact answer.")
+    inputs: Ident = Field(default="make_inputs",
+                          description="Input maker: `(shape, dtype, device, generator) -> dict of tensors`.")
+    traffic: Ident = Field(default="traffic",
+                           description="Traffic model: `(shape, dtype) -> Traffic` (FLOPs and bytes, term by term).")
     tensors: dict[Ident, list[Ident]] = Field(
         min_length=1,
-        description="Every tensor the kernel reads or writes, as its dimension names, e.g. `x: [rows, cols]` (row-major).",
+        description="Every tensor the kernel reads or writes, as its dimension names, e.g. `x: [rows, cols]` "
+                    "(row-major).",
     )
     variants: list[Variant] = Field(min_length=1, description="The variant ladder, simplest first.")
     baseline: Ident = Field(description="Name of the variant every speedup is measured against.")
@@ -180,7 +186,8 @@ class KernelLevel(Strict):
         default="cold", description="`cold`: L2 flushed before each repetition; `warm`: data may sit in cache."
     )
     graph: bool = Field(default=False, description="Time by CUDA-graph replay (for launch-bound kernels); with `cold`, "
-                                                   "the graph's calls take copies of the inputs in turn, spanning twice the L2.")
+                                                   "the graph's calls take copies of the inputs in turn, spanning "
+                                                   "twice the L2.")
     counters_shape: Shape | None = Field(
         default=None, description="Level-1 shape at which `run --counters` reads DRAM bytes (default: the largest)."
     )
@@ -209,7 +216,8 @@ class EndToEndLevel(Strict):
     """Level 3: the larger computation the kernel sits in, with the baseline and the variant swapped in."""
 
     description: Text = Field(description="The scenario, e.g. a non-flash attention block (QK^T, softmax, PV).")
-    scenario: Ident = Field(description="Function `(kernel, **inputs) -> Tensor` that runs the whole computation, calling `kernel` for the stage.")
+    scenario: Ident = Field(description="Function `(kernel, **inputs) -> Tensor` that runs the whole computation, "
+                                        "calling `kernel` for the stage.")
     inputs: Ident = Field(description="Input maker for the scenario: `(shape, dtype, device, generator) -> dict`.")
     shape: Shape = Field(description="The scenario's shape on a GPU.")
     cpu_shape: Shape = Field(description="A small stand-in for a CPU-only machine.")
@@ -242,7 +250,8 @@ class _Claim(Strict):
     text: Text = Field(description="The claim in words, as shown on the page.")
     hardware: list[HardwareSlug] | None = Field(
         default=None,
-        description="Hardware slugs where the claim applies (e.g. `nvidia-h200`); elsewhere it is reported as not applicable. Unset: everywhere.",
+        description="Hardware slugs where the claim applies (e.g. `nvidia-h200`); elsewhere it is reported as not "
+                    "applicable. Unset: everywhere.",
     )
 
 
@@ -273,7 +282,8 @@ class ThroughputClaim(_Claim):
         default=None, description="Least bandwidth in GB/s (bytes from the traffic model over the median time)."
     )
     at_least_tflops: Annotated[float, Field(gt=0)] | None = Field(
-        default=None, description="Least compute throughput in TFLOP/s (FLOPs from the traffic model over the median time)."
+        default=None, description="Least compute throughput in TFLOP/s (FLOPs from the traffic model over the median "
+                                  "time)."
     )
     where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
 
@@ -290,8 +300,10 @@ class SpeedupClaim(_Claim):
     kind: Literal["speedup"] = Field(description="`speedup`.")
     variant: Ident = Field(description="The faster variant.")
     over: Ident = Field(description="The variant it is compared with.")
-    at_least: Annotated[float, Field(gt=0)] = Field(description="Least speedup: time of `over` divided by time of `variant`.")
-    level: Level = Field(description="kernel: every selected level-1 point; workload: weighted geomean (or worst shape); end_to_end: the scenario.")
+    at_least: Annotated[float, Field(gt=0)] = Field(description="Least speedup: time of `over` divided by time of "
+                                                                "`variant`.")
+    level: Level = Field(description="kernel: every selected level-1 point; workload: weighted geomean (or worst "
+                                     "shape); end_to_end: the scenario.")
     statistic: Literal["each", "geomean", "worst"] = Field(
         default="each", description="each: every point; geomean: weighted geometric mean; worst: the worst shape."
     )
@@ -424,7 +436,8 @@ class Point(Open):
     shape: dict[str, int] = Field(description="The shape measured.")
     dtype: str = Field(description="The dtype measured.")
     status: Literal["ok", "failed", "crashed", "timeout", "checked", "skipped"] = Field(
-        description="ok: checked and timed; failed: wrong answer; crashed/timeout: contained; checked: correct, not timed here; skipped: backend absent."
+        description="ok: checked and timed; failed: wrong answer; crashed/timeout: contained; checked: correct, not "
+                    "timed here; skipped: backend absent."
     )
     correct: bool | None = Field(default=None, description="Whether the output matched the float64 reference.")
     max_rel_err: float | None = Field(default=None, description="Largest normwise relative error over the checks.")
@@ -436,22 +449,35 @@ class Point(Open):
     cv: float | None = Field(default=None, description="Coefficient of variation of the timings (std / mean).")
     repetitions: int | None = Field(default=None, description="Timed repetitions.")
     input_sets: int | None = Field(
-        default=None, description="Copies of the inputs taken in turn (CUDA-graph replay with a cold cache); absent: one.")
+        default=None, description="Copies of the inputs taken in turn (CUDA-graph replay with a cold cache); absent: "
+                                  "one.")
     flops: float | None = Field(default=None, description="FLOPs from the traffic model.")
     bytes: float | None = Field(default=None, description="Bytes moved, from the traffic model.")
     gbps: float | None = Field(default=None, description="Achieved bandwidth: bytes over the median time, GB/s.")
     tflops: float | None = Field(default=None, description="Achieved throughput: FLOPs over the median time, TFLOP/s.")
     arithmetic_intensity: float | None = Field(default=None, description="FLOPs per byte, from the traffic model.")
-    floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, microseconds.")
-    roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof reached.")
-    regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or launch.")
+    floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, "
+                                                             "microseconds.")
+    roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof "
+                                                                  "reached.")
+    regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or "
+                                                            "launch.")
     host_issue_us: float | None = Field(
-        default=None, description="Host time to issue one call (GPU only; measured in warm-up, hidden from the timing): "
+        default=None, description="Host time to issue one call (GPU only; measured in warm-up, hidden from the "
+                                  "timing): "
                                  "the lesser of the median from a synchronised start and the median per call in a "
                                  "back-to-back loop. Above every floor it makes the point launch-bound.")
     autotuned: dict[str, str] | None = Field(
         default=None, description="Configuration each Triton autotuner ran in the timed calls, by module.kernel.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
+    threads: int | None = Field(default=None, description="Threads torch's CPU path ran with (set explicitly).")
+    interference: dict[str, Any] | None = Field(
+        default=None, description="What else the machine did over the repetitions: window_s, other_cpu_s (other "
+                                 "processes' CPU seconds), cpus, run_queue_wait_s, load_average; on a GPU, its clocks "
+                                 "and other processes (`casebook.interference`).")
+    unstable: list[str] | None = Field(
+        default=None, description="Why the point is unstable (spread or interference over the bounds in "
+                                 "`casebook.stability`); absent: stable. `casebook check` does not publish it.")
     error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
 
 
@@ -470,19 +496,28 @@ class Result(Open):
     schema_version: int = Field(description="Version of the result format.")
     case_id: str = Field(description="The case measured.")
     case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
-    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with every kernel module it imports, directly or not) when it was run.")
+    kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with every kernel module it "
+                                           "imports, directly or not) when it was run.")
     measurement_sha256: str | None = Field(
         default=None,
-        description="sha256 of the case's kernel, levels and claims: staleness is judged by it when present, so prose edits keep a result current.")
+        description="sha256 of the case's kernel, levels and claims: staleness is judged by it when present, so prose "
+                    "edits keep a result current.")
     hardware: dict[str, Any] = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
     environment: dict[str, Any] = Field(description="Versions, driver, clocks: what a reproduction needs.")
-    protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, tolerances.")
+    protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, "
+                                                 "tolerances.")
     variants: list[dict[str, Any]] = Field(description="Each variant's outcome on this machine.")
     kernel_level: list[Point] = Field(description="Level 1: every variant at every shape and dtype.")
     workload_level: dict[str, Any] = Field(description="Level 2: the weighted shape distribution and its summary.")
     end_to_end: dict[str, Any] = Field(description="Level 3: the scenario with the baseline and the variant.")
-    counters: list[dict[str, Any]] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if asked.")
+    counters: list[dict[str, Any]] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if "
+                                                                             "asked.")
     claims: list[ClaimOutcome] = Field(description="Each claim and whether it held.")
+    arithmetic_intensity: dict[str, Any] | None = Field(
+        default=None, description="The case's declared arithmetic intensity beside its traffic model's at the first "
+                                 "level-1 shape and dtype: shape, dtype, declared, modelled, difference, flagged.")
+    stability: dict[str, Any] | None = Field(
+        default=None, description="Timed points judged, how many unstable, the busiest readings, the bounds.")
     started_at: str = Field(description="UTC start time, ISO 8601.")
     finished_at: str = Field(description="UTC finish time, ISO 8601.")
     command: str = Field(description="The command that produced this result.")

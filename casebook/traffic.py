@@ -31,3 +31,8 @@ class Traffic:
     def as_dict(self) -> dict:
         return {"bytes": self.bytes, "flops": self.flops,
                 "terms": [{"name": t.name, "bytes": t.bytes, "flops": t.flops} for t in self.terms]}
+
+
+INTENSITY_TOLERANCE = 0.10
+"""The most a case's declared `bottleneck.arithmetic_intensity` may differ from its traffic model's at the
+case's first level-1 shape and dtype (relative to the model's); `casebook check` flags more."""

@@ -51,7 +51,8 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
                 partial.append((path, Raw(e.source[0]), e.source[1]))
             continue
         except Exception as e:  # a bug in casebook: still a located line, never a traceback
-            report.problems.append(CaseError(path, 1, "file", f"internal error ({type(e).__name__}: {e}); please report it"))
+            report.problems.append(CaseError(path, 1, "file",
+                                             f"internal error ({type(e).__name__}: {e}); please report it"))
             continue
         report.cases.append((path, case, lines))
     report.problems += check_ids(report.cases)
@@ -203,7 +204,8 @@ def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     if isinstance(names, str):
         return [lines.error(("kernel", "module"), f"{shown} does not parse: {names}")]
     k, e2e = case.kernel, case.levels.end_to_end
-    wanted = [(("kernel", "reference"), k.reference), (("kernel", "inputs"), k.inputs), (("kernel", "traffic"), k.traffic)]
+    wanted = [(("kernel", "reference"), k.reference), (("kernel", "inputs"), k.inputs),
+              (("kernel", "traffic"), k.traffic)]
     wanted += [(("kernel", "variants", i, "fn"), v.fn) for i, v in enumerate(k.variants)]
     wanted += [(("kernel", "variants", i, "reference"), v.reference) for i, v in enumerate(k.variants) if v.reference]
     wanted += [(("levels", "end_to_end", "scenario"), e2e.scenario), (("levels", "end_to_end", "inputs"), e2e.inputs)]
@@ -358,7 +360,8 @@ def check_cpu_path(case: Case, lines: Lines, path: Path | None = None) -> list[C
     for i, v in enumerate(case.kernel.variants):
         if "cuda" not in v.backends or {"cpu", "interpreter"} & set(v.backends):
             continue
-        message = f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only machines"
+        message = (f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only "
+                   "machines")
         if "torch.compile" in text and "compile" in f"{v.name} {v.fn}":
             message = (f"variant {v.name!r} runs only on cuda, but torch.compile's Inductor also compiles for a CPU "
                        "(C++/OpenMP): add `cpu` to its backends so that it is checked and timed there")
@@ -390,7 +393,53 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
                              f"{shown} is stale: {why}; run it again") for why in reasons]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
+        errors += [CaseError(path, 1, "results", why) for why in ceilings_disagree(result, doc, root)]
+        if why := intensity_mismatch(case, doc):
+            errors.append(lines.error(("bottleneck", "arithmetic_intensity"), f"{why} (from {shown})"))
     return errors
+
+
+def intensity_mismatch(case: Case, doc: dict) -> str | None:
+    """The case's declared arithmetic intensity against the traffic model's that its run recorded at the first
+    level-1 shape, when they differ by more than `traffic.INTENSITY_TOLERANCE` (None: they agree, or the run
+    recorded none). The declared figure is read from the case as it is now (it is not part of the hash)."""
+    from casebook.traffic import INTENSITY_TOLERANCE
+
+    record = doc.get("arithmetic_intensity") or {}
+    declared, modelled = case.bottleneck.arithmetic_intensity, record.get("modelled")
+    if declared is None or not isinstance(modelled, (int, float)) or modelled <= 0:
+        return None
+    difference = declared / modelled - 1
+    if abs(difference) <= INTENSITY_TOLERANCE:
+        return None
+    shape = "x".join(str(v) for v in (record.get("shape") or {}).values())
+    return (f"declared {declared:g} FLOP/byte, but the traffic model gives {modelled:.4g} at {shape} "
+            f"{record.get('dtype')} (the first level-1 shape and dtype): {difference:+.0%}, more than "
+            f"{INTENSITY_TOLERANCE:.0%}; state the model's figure at that shape")
+
+
+def ceilings_disagree(result: Path, doc: dict, root: Path) -> list[str]:
+    """Results under the same hardware name as `result` whose measured ceilings differ from its own by more
+    than `hardware.CEILINGS_APART`: one name standing for two machines, whose points the site would draw
+    against one machine's roofs."""
+    from casebook.roofline import CEILINGS_APART, ceilings_apart
+
+    mine = (doc.get("hardware") or {}).get("measured") or {}
+    out = []
+    for other in sorted(result.parent.glob("*.json")):
+        if other == result:
+            continue
+        try:
+            theirs = (json.loads(other.read_bytes()).get("hardware") or {}).get("measured") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # reported when its own case is checked
+        apart = ceilings_apart(mine, theirs)
+        if apart:
+            out.append(f"{result.relative_to(root).as_posix()} and {other.relative_to(root).as_posix()} share the "
+                       f"hardware name {result.parent.name!r} but their measured ceilings differ by more than "
+                       f"{CEILINGS_APART:.0%} ({'; '.join(apart)}): two machines, or a disturbed run; run both "
+                       "cases again on one machine")
+    return out
 
 
 def unpublishable(case: Case, doc: dict) -> list[str]:
@@ -409,6 +458,13 @@ def unpublishable(case: Case, doc: dict) -> list[str]:
         shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
         why.append(f"records {len(bad)} failed point(s), first {p.get('variant')} {shape} {p.get('dtype')}: "
                    f"{p.get('status')}: {p.get('error')}; fix the variant (or its traffic model) and run again")
+    unstable = [p for p in points if isinstance(p, dict) and p.get("unstable")]
+    if unstable:
+        p = unstable[0]
+        shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
+        why.append(f"records {len(unstable)} unstable point(s) (timed on a busy machine, or too scattered), first "
+                   f"{p.get('variant')} {shape} {p.get('dtype')}: {'; '.join(p['unstable'])}; run it again on a quiet "
+                   "machine")
     e2e = doc.get("end_to_end") or {}
     if e2e.get("status") == "failed":
         why.append(f"records a failed end-to-end scenario: {e2e.get('error')}")

@@ -1,24 +1,64 @@
-"""Shared fixtures: a scratch book with copies of the real softmax case, and the CLI run in-process."""
+"""Shared fixtures: scratch books holding the tests' own small case (or a copy of the real softmax case),
+and the CLI run in-process."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOFTMAX = REPO / "cases" / "softmax_fusion.yaml"
+SOFTMAX = REPO / "tests" / "fixtures" / "cases" / "softmax_fusion.yaml"
+"""The tests' frozen copy of the softmax case (the same kernel, levels and claims, a short write-up):
+what the tests copy and edit, so that an edit to the real case cannot break them."""
+FIXTURES = REPO / "tests" / "fixtures"
+SMALL_CASE = FIXTURES / "cases" / "scaled_add.yaml"
+"""The tests' own small case: a scaled add on the CPU, relying on every default of the format."""
+
+
+SLOW_FIXTURES = frozenset({"built", "plot_cache", "cheats_run", "payloads"})
+"""Fixtures that build the site or run child processes: every test using one is marked `slow`."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def small_case(tmp_path: Path):
+    """Write a scratch book at `<tmp>`: `cases/scaled_add.yaml` (each `edits` pair applied once, or `text`)
+    and its kernel module in `casebook/kernels/`; return the case's path."""
+
+    def make(edits: dict[str, str] | None = None, text: str | None = None) -> Path:
+        if text is None:
+            text = SMALL_CASE.read_text()
+            for old, new in (edits or {}).items():
+                assert text.count(old) == 1, f"edit target not unique: {old!r}"
+                text = text.replace(old, new)
+        kernels = tmp_path / "casebook" / "kernels"
+        kernels.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / "kernels" / "scaled_add.py", kernels / "scaled_add.py")
+        path = tmp_path / "cases" / "scaled_add.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        return path
+
+    return make
 
 
 @pytest.fixture
 def softmax_text() -> str:
-    """The real softmax case, as text."""
+    """The tests' softmax case (tests/fixtures/cases/softmax_fusion.yaml), as text."""
     return SOFTMAX.read_text()
 
 
 @pytest.fixture
 def make_case(tmp_path: Path, softmax_text: str):
-    """Write `<tmp>/cases/<name>.yaml`: the softmax case with its id set to `name` and each `edits` pair applied once."""
+    """Write `<tmp>/cases/<name>.yaml`: the tests' softmax case with its id set to `name`, each `edits` pair applied
+    once."""
 
     def make(edits: dict[str, str] | None = None, name: str = "softmax_fusion", text: str | None = None) -> Path:
         if text is None:

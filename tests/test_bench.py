@@ -18,6 +18,7 @@ def test_slack_hides_the_hosts_p90_with_margin_and_never_drops_under_the_least()
     assert slack_us(slow, fixed=50.0) == 50.0
 
 
+@pytest.mark.slow
 def test_cpu_timing_has_no_host_time_and_no_delay():
     t = time_fn(lambda: sum(range(1000)), "cpu", QUICK)
     assert t.host_us == 0.0 and t.slack_us == 0.0 and t.summary.repetitions == 5

@@ -94,6 +94,7 @@ def test_cache_filled_during_the_check_is_invisible_to_one_check(cheats):
     assert not later.correct and "seed 13: relative error" in later.error
 
 
+@pytest.mark.slow
 def test_partial_write_is_caught_when_the_output_is_large(cheats):
     """Over 32 MiB the C allocator gives freshly mapped (zeroed) pages, never the freed poison block; one
     unwritten element of 17M is then far under the bf16 tolerance. Unwritten memory must show anyway."""

@@ -57,7 +57,8 @@ def test_claim_without_hardware_applies_everywhere():
 
 def test_regime():
     claim = {"kind": "regime", "variant": "triton_online", "regime": "bandwidth", "hardware": [SLUG]}
-    held = outcome(claim, [pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 10), pt("eager", SMALL, 10, regime="launch")])
+    held = outcome(claim, [pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 10),
+                           pt("eager", SMALL, 10, regime="launch")])
     assert held["held"] is True and held["detail"] == "bandwidth at all 2 points"
     failed = outcome(claim, [pt("triton_online", SMALL, 10, regime="launch"), pt("triton_online", LARGE, 10)])
     assert failed["held"] is False and failed["detail"] == "32768x1024 bf16 is launch"
@@ -72,7 +73,8 @@ def test_roof_fraction():
 
 
 def test_throughput_in_gbps_and_tflops():
-    points = [pt("triton_online", SMALL, 10, gbps=3900.0, tflops=2.0), pt("triton_online", LARGE, 10, gbps=4100.0, tflops=3.0)]
+    points = [pt("triton_online", SMALL, 10, gbps=3900.0, tflops=2.0),
+              pt("triton_online", LARGE, 10, gbps=4100.0, tflops=3.0)]
     gbps = {"kind": "throughput", "variant": "triton_online", "at_least_gbps": 3800}
     assert outcome(gbps, points)["held"] is True
     low = outcome({**gbps, "at_least_gbps": 4000}, points)
@@ -108,7 +110,8 @@ def test_point_claim_on_an_unmeasured_point_fails(status):
 
 def test_kernel_speedup_holds_at_every_point():
     claim = {"kind": "speedup", "variant": "triton_online", "over": "eager", "at_least": 2.0, "level": "kernel"}
-    points = [pt("eager", SMALL, 30), pt("eager", LARGE, 50), pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 20)]
+    points = [pt("eager", SMALL, 30), pt("eager", LARGE, 50),
+              pt("triton_online", SMALL, 10), pt("triton_online", LARGE, 20)]
     held = outcome(claim, points)
     assert held["held"] is True and held["detail"] == "worst 2.50x at 4096x65536 bf16 over 2 points (need 2x)"
     assert outcome({**claim, "at_least": 2.6}, points)["held"] is False
@@ -138,7 +141,8 @@ def test_workload_speedup_geomean_and_worst():
 
 
 def test_end_to_end_speedup():
-    claim = {"kind": "speedup", "variant": "triton_online", "over": "torch_softmax", "at_least": 1.1, "level": "end_to_end"}
+    claim = {"kind": "speedup", "variant": "triton_online", "over": "torch_softmax", "at_least": 1.1,
+             "level": "end_to_end"}
     e2e = {"status": "ok", "variant": "triton_online", "baseline": "torch_softmax", "measured_speedup": 1.15}
     o = outcome(claim, e2e=e2e)
     assert o["held"] is True and o["detail"] == "1.15x end to end (need 1.1x)"
@@ -146,7 +150,8 @@ def test_end_to_end_speedup():
     other = outcome({**claim, "variant": "triton_onepass"}, e2e=e2e)
     assert other["held"] is False and other["detail"] == "the scenario compares triton_online with torch_softmax"
     missing = outcome(claim, e2e={"status": "partial", "error": "variant triton_online cannot be timed here"})
-    assert missing["held"] is False and missing["detail"] == "end-to-end not measured: variant triton_online cannot be timed here"
+    assert missing["held"] is False
+    assert missing["detail"] == "end-to-end not measured: variant triton_online cannot be timed here"
 
 
 def test_every_claim_is_evaluated_in_order():

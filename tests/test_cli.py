@@ -15,8 +15,16 @@ from casebook.commands.schema import json_schema_text
 
 from conftest import REPO
 
-HEAVY = ("torch", "triton", "matplotlib", "numpy", "mkdocs", "yaml", "casebook.schema", "casebook.load")
-"""Not needed to print help. (pydantic itself may load: typer uses it to convert parameters.)"""
+HEAVY = ("torch", "triton", "matplotlib", "numpy", "mkdocs", "yaml", "casebook.schema", "casebook.load", "rich",
+         "typer.rich_utils", "pydantic")
+"""Not needed to print help. typer's rich help (`typer.rich_utils`, with rich's console, markdown and
+traceback) and its pydantic conversion of the group's absent `--help` (`cli.Commands`) each took 0.1-0.3 s
+of every `casebook COMMAND --help`."""
+
+HELP_S = 0.5
+"""The bound on `casebook [COMMAND] --help`, interpreter start included: the best of five runs, so that a
+loaded machine (a shared 2-core box, a CI runner) disturbs it less. 0.1 s on a quiet 2-core machine, 0.25 s
+at a load average of 11 on 2 cores (0.6 s there before help stopped importing rich and pydantic)."""
 
 PROBE = """
 import sys, time
@@ -31,10 +39,17 @@ print("HEAVY", [m for m in {heavy!r} if m in sys.modules])
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["validate", "--help"], ["run", "--help"]])
+@pytest.mark.slow
+def _command_names() -> list[str]:
+    from casebook.cli import app
+
+    return [c.name or c.callback.__name__ for c in app.registered_commands]
+
+
+@pytest.mark.parametrize("args", [["--help"]] + [[name, "--help"] for name in _command_names()])
 def test_help_is_fast_and_imports_nothing_heavy(args):
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args, heavy=HEAVY)], cwd=REPO,
                               capture_output=True, text=True, timeout=60)
@@ -42,7 +57,12 @@ def test_help_is_fast_and_imports_nothing_heavy(args):
         assert proc.returncode == 0, proc.stderr
         assert "HEAVY []" in proc.stdout, proc.stdout
         assert "Usage" in proc.stdout
-    assert best < 0.5, f"`casebook {' '.join(args)}` took {best:.2f} s"
+    assert best < HELP_S, f"`casebook {' '.join(args)}` took {best:.2f} s"
+
+
+def test_every_command_is_probed():
+    assert {"new", "validate", "check", "list", "schema", "hardware", "run", "compare", "build", "serve"} <= set(
+        _command_names())
 
 
 # --- validate -------------------------------------------------------------------------------------
@@ -62,7 +82,8 @@ def test_validate_reports_every_file(cli, make_case, line_of):
     result = cli("validate", good, bad)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; did you mean 'cache'?",
+    assert lines == [f"{bad}:{line_of(bad, 'cahce')}: levels.kernel.cahce: unknown field 'cahce'; "
+                     "did you mean 'cache'?",
                      "2 case files checked: 1 error in 1 file"]
 
 
@@ -78,7 +99,8 @@ def test_validate_long_lines_are_never_wrapped(cli, make_case):
 @pytest.fixture
 def two_cases(make_case, tmp_path, monkeypatch):
     make_case(name="softmax_fusion")
-    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  arithmetic",
+    make_case({"operator: softmax": "operator: layernorm", "  kind: bandwidth\n  arithmetic": "  kind: launch\n  "
+                                                                                              "arithmetic",
                "patterns: [fusion, online_reduction, specialization]": "patterns: [fusion, persistent]"},
               name="layernorm_fusion")
     monkeypatch.chdir(tmp_path)
@@ -191,6 +213,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_new_scaffold_kernel_is_correct_on_cpu(cli, book):
     pytest.importorskip("triton")
     assert cli("new", "scaled_add").exit_code == 0

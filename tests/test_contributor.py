@@ -19,6 +19,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # site builds and child-process runs
+
 CASE = "contrib_rmsnorm"
 """The contributor's case: a fused RMSNorm, not a copy of any case in the book."""
 
@@ -219,7 +221,8 @@ levels:
     description: "The pre-attention and pre-MLP norms of Llama-3-8B (hidden 4096) over prefill chunk sizes."
     dtype: bf16
     shapes:
-      - {shape: {rows: 4096, cols: 4096}, weight: 0.6, source: "4K-token prefill chunks; share assumed, not from a trace"}
+      - {shape: {rows: 4096, cols: 4096}, weight: 0.6,
+         source: "4K-token prefill chunks; share assumed, not from a trace"}
       - {shape: {rows: 16384, cols: 4096}, weight: 0.4, source: "16K-token training micro-batches; share assumed"}
     cpu_shapes:
       - {shape: {rows: 512, cols: 2048}, weight: 1.0, source: "scaled-down stand-in"}
@@ -294,7 +297,8 @@ def test_a_contributor_adds_a_case(book: Path):
         start = time.perf_counter()
         proc = casebook(book, *args)
         steps[name] = time.perf_counter() - start
-        assert proc.returncode in ok, f"casebook {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode in ok, \
+            f"casebook {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         return proc
 
     probe = subprocess.run([sys.executable, "-c", "import casebook.kernels as k; print(k.__file__)"], cwd=book,
@@ -314,7 +318,7 @@ def test_a_contributor_adds_a_case(book: Path):
     assert "1 case file checked: all valid" in step("validate", "validate", f"cases/{CASE}.yaml").stdout
 
     # 3. Run on the CPU: torch variants timed, the Triton variant checked through the interpreter.
-    run = step("run", "run", f"cases/{CASE}.yaml")
+    run = step("run", "run", f"cases/{CASE}.yaml", "--save")
     [stored] = (book / "results").glob(f"*/{CASE}.json")
     doc = json.loads(stored.read_text())
     assert doc["hardware"]["kind"] == "cpu"
@@ -327,7 +331,11 @@ def test_a_contributor_adds_a_case(book: Path):
     assert [c["held"] for c in doc["claims"]] == [None]  # scoped to nvidia-h200: not applicable here
 
     # 4. What a reviewer would reject: nothing (results present and current).
-    assert "all valid" in step("check", "check", f"cases/{CASE}.yaml").stdout
+    # On a loaded machine the run's points can be marked unstable, which check rightly refuses; nothing else.
+    check = step("check", "check", f"cases/{CASE}.yaml", ok=(0, 2))
+    problems = [line for line in check.stdout.splitlines() if line.startswith(f"cases/{CASE}.yaml:")]
+    assert "all valid" in check.stdout if check.returncode == 0 else (
+        problems and all("unstable point(s)" in line for line in problems)), check.stdout
 
     # 5. The site: the case has a page and appears in every index it belongs to.
     step("build", "build", "--out", "site")

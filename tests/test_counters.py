@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 from casebook import counters
 
-CASE = Path(__file__).parents[1] / "cases" / "softmax_fusion.yaml"
+from conftest import SOFTMAX as CASE
 
 
 def _csv(read: float, write: float, kernels: int) -> str:
@@ -36,7 +35,8 @@ def test_counters_sum_kernels_flag_gaps_and_record_what_does_not_apply(monkeypat
     monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
     monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
     doc = {"hardware": {"kind": "gpu"},
-           "variants": [{"name": n, "device": "cuda"} for n in ("eager", "torch_softmax", "triton_onepass", "triton_online")]}
+           "variants": [{"name": n, "device": "cuda"}
+                        for n in ("eager", "torch_softmax", "triton_onepass", "triton_online")]}
     rows = {r["variant"]: r for r in counters.read(CASE, doc, progress=lambda msg: None)}
 
     assert set(rows) == {"eager", "torch_softmax", "triton_onepass", "triton_online"}  # only what ran on the GPU

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from casebook import hardware
+from casebook import hardware, roofline
 
 PACKAGE = Path(hardware.__file__).resolve().parent
 
@@ -23,3 +23,41 @@ def test_source_hash_names_the_code_not_the_checkout(tmp_path):
 def test_the_registry_lists_the_h200_with_its_sources():
     entry = next(e for e in hardware.datasheets().values() if "H200" in e["name"])
     assert entry["bandwidth_gbps"] == 4800 and entry["source"].startswith("https://")
+
+
+# --- hardware names ------------------------------------------------------------------------------------
+
+GIB = 2**30
+
+
+def test_a_cpu_name_has_model_cores_and_memory_class():
+    assert hardware.cpu_slug("AMD EPYC 7B13", 2, int(23.5 * GIB)) == "cpu-amd-epyc-7b13-2c-24g"
+    assert hardware.cpu_slug("Intel(R) Xeon(R) CPU @ 2.20GHz", 8, 31 * GIB) == "cpu-intel-xeon-8c-32g"
+    assert hardware.cpu_slug("AMD EPYC 7B13 64-Core Processor", 64, 250 * GIB) == "cpu-amd-epyc-7b13-64c-256g"
+    assert hardware.cpu_slug("", 2, None) == "cpu-unknown-2c"
+
+
+def test_machines_the_model_alone_merged_are_told_apart():
+    """One "AMD EPYC" name stood for a 46 GB/s and a 16-19 GB/s machine; their cores or memory differ."""
+    names = {hardware.cpu_slug("AMD EPYC", cores, mem) for cores, mem in ((2, 24 * GIB), (4, 16 * GIB), (2, 8 * GIB))}
+    assert len(names) == 3
+
+
+def test_memory_class_is_stable_across_small_differences():
+    assert {hardware.memory_class_gib(int(g * GIB)) for g in (22.9, 23.5, 24.0, 25.1)} == {24}
+    assert hardware.memory_class_gib(int(15.6 * GIB)) == 16 and hardware.memory_class_gib(int(11 * GIB)) == 12
+
+
+def test_identify_names_this_cpu_by_the_rule(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    ident = hardware.identify()
+    assert ident["slug"] == hardware.cpu_slug(hardware.cpu_model(), ident["cores"], hardware.memory_bytes())
+
+
+def test_ceilings_apart_over_a_fifth():
+    a = {"copy_gbps": 45.9, "matmul_tflops": {"fp32": 0.2}}
+    b = {"copy_gbps": 19.3, "matmul_tflops": {"fp32": 0.21}}
+    assert roofline.ceilings_apart(a, b) == ["copy 45.9 vs 19.3 GB/s"]
+    assert roofline.ceilings_apart(a, {"copy_gbps": 40.0, "matmul_tflops": {"fp32": 0.23}}) == []
+    assert roofline.ceilings_apart(a, {"copy_gbps": 45.0, "matmul_tflops": {"fp32": 0.3}}) == [
+        "fp32 matmul 0.2 vs 0.3 TFLOP/s"]

@@ -10,7 +10,11 @@ import ctypes
 import os
 import time
 
+import pytest
+
 from casebook.isolate import run_isolated
+
+pytestmark = pytest.mark.slow  # every test runs child processes
 
 
 def worker(task: str) -> dict:

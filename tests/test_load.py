@@ -158,7 +158,8 @@ def test_dimension_must_be_positive(make_case, refused, line_of, value):
 
 
 def test_shape_too_big_for_any_device(make_case, refused, line_of):
-    path = make_case({"      - {rows: 1024, cols: 262144}\n    cpu_shapes:": "      - {rows: 1099511627776, cols: 262144}\n    cpu_shapes:"})
+    path = make_case({"      - {rows: 1024, cols: 262144}\n    cpu_shapes:": "      - {rows: 1099511627776, cols: "
+                                                                             "262144}\n    cpu_shapes:"})
     refused(path, line_of(path, "1099511627776"), "levels.kernel.shapes.6", "GiB", "more than any device")
 
 
@@ -189,7 +190,8 @@ def test_baseline_not_a_variant(make_case, refused, line_of):
 
 
 def test_every_problem_is_reported(make_case):
-    path = make_case({"  cache: cold\n": "  cahce: cold\n", "  baseline: torch_softmax\n  variants:": "  baseline: nope\n  variants:"})
+    path = make_case({"  cache: cold\n": "  cahce: cold\n",
+                      "  baseline: torch_softmax\n  variants:": "  baseline: nope\n  variants:"})
     with pytest.raises(CaseError) as info:
         load_case(path)
     assert [e.field for e in info.value.errors] == ["kernel.baseline", "levels.kernel.cahce"]  # in line order

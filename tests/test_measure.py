@@ -123,7 +123,8 @@ def test_end_to_end(payloads):
     p = payloads[-1]
     assert p["status"] == "ok", p
     assert p["scenario_us"] > 0 and p["kernel_us"] > 0 and p["scenario_p10_us"] <= p["scenario_p90_us"]
-    assert len(p["fingerprint"]) == 8 * 50 and p["fingerprint"][49] == pytest.approx(1.0)  # cumsum of a row of probabilities
+    # the cumsum of a row of probabilities
+    assert len(p["fingerprint"]) == 8 * 50 and p["fingerprint"][49] == pytest.approx(1.0)
 
 
 def test_launch_floor_is_one_launch_then_in_graph_costs():

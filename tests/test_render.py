@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from site_helpers import REPO, build_site, copy_cases, copy_results
 
 from casebook.render import site, text
-from casebook.render.figures import best_variant
 from casebook.render.book import BookError, load_book
+from casebook.render.figures import best_variant
 from casebook.schema import slug
+
+from site_helpers import REPO, build_site, copy_cases, copy_results
 
 EVIL = '<script>alert(1)</script> <img src=x onerror=alert(2)>'
 
@@ -202,7 +203,8 @@ def test_markup_in_a_case_is_shown_as_text_never_run(make_case, tmp_path: Path, 
         'title: "Fused softmax: one read, one write, at every row length"':
             f"title: '{EVIL}'",
         "  - operator: layernorm\n": "  - operator: '<b onmouseover=alert(3)>layernorm</b>'\n",
-        "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One reduction per row;",
+        "    why: \"One reduction per row;": "    why: \"[click](javascript:alert(4)) {: onclick=alert(5) } One "
+                                             "reduction per row;",
         "  notes: |\n": "  notes: |\n    <script>alert(6)</script> [x](javascript:alert(7)) ![p](https://evil.example/p.png)\n",
     }, name="xss_case")
     cases = tmp_path / "cases"
@@ -257,7 +259,8 @@ def test_nothing_is_loaded_off_the_host(built: Path):
     assert "fonts.googleapis.com" not in home and "fonts.gstatic.com" not in home
     mermaid = built / "assets" / "javascripts" / "mermaid"
     assert (mermaid / "mermaid.min.js").is_file() and "MIT" in (mermaid / "LICENSE.txt").read_text()
-    assert 'src="../../assets/javascripts/mermaid/mermaid.min.js"' in (built / "browse" / "transfers" / "index.html").read_text()
+    transfers = (built / "browse" / "transfers" / "index.html").read_text()
+    assert 'src="../../assets/javascripts/mermaid/mermaid.min.js"' in transfers
 
 
 def test_generated_pages_are_not_written_into_docs():
@@ -396,3 +399,25 @@ def test_a_counters_row_says_why_it_has_no_gap():
     assert _gap({"gap": 0.052}) == "+5.2%"
     assert _gap({"not_applicable": "holds at most 32768 columns"}) == "not applicable: holds at most 32768 columns"
     assert _gap({"error": "ncu timed out"}) == "no counters"
+
+
+def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():
+    """One name, copy ceilings 45.9 and 19.3 GB/s (two machines): the atlas and hardware pages take them
+    apart, each against its own run's roofs; a third result within 20% of the first joins it."""
+    from types import SimpleNamespace
+
+    from casebook.render.book import Book, StoredResult
+
+    fixture_path = REPO / "tests" / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
+    fixture = json.loads(fixture_path.read_text())
+
+    def stored(case_id: str, copy_gbps: float) -> StoredResult:
+        hw = {**fixture["hardware"], "measured": {**fixture["hardware"]["measured"], "copy_gbps": copy_gbps}}
+        result = SimpleNamespace(case_id=case_id, hardware=hw)
+        return StoredResult(result, Path(f"results/{hw['slug']}/{case_id}.json"))
+
+    a, b, c = stored("a", 45.9), stored("b", 19.3), stored("c", 44.0)
+    entries = [SimpleNamespace(results=[r]) for r in (a, b, c)]
+    machines = Book(entries).hardware()  # type: ignore[arg-type]
+    name = fixture["hardware"]["slug"]
+    assert machines == {name: [a, c], f"{name}-2": [b]}

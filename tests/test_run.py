@@ -20,7 +20,7 @@ import casebook.kernels
 from casebook import results, run
 from casebook.bench import QUICK
 from casebook.load import load_case
-from casebook.provenance import kernel_sha256
+from casebook.provenance import kernel_sha256, measurement_sha256
 from casebook.schema import Result, Variant
 
 from conftest import REPO, SOFTMAX
@@ -174,7 +174,8 @@ def test_end_to_end_partial_and_missing():
 
 
 def doc_with(kernel=(), workload=(), e2e_status="ok", held=(True,)) -> dict:
-    return {"kernel_level": [{"status": s} for s in kernel], "workload_level": {"points": [{"status": s} for s in workload]},
+    return {"kernel_level": [{"status": s} for s in kernel],
+            "workload_level": {"points": [{"status": s} for s in workload]},
             "end_to_end": {"status": e2e_status}, "claims": [{"held": h} for h in held]}
 
 
@@ -238,7 +239,8 @@ levels:
     variant: honest
 claims:
   - {kind: throughput, text: "The honest kernel moves some bytes.", variant: honest, at_least_gbps: 1.0e-6}
-  - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0, level: kernel}
+  - {kind: speedup, text: "Crashing is not faster.", variant: crashes_at_large, over: honest, at_least: 1.0,
+     level: kernel}
   - {kind: regime, text: "Only on an H200.", variant: honest, regime: compute, hardware: [nvidia-h200]}
   - {kind: speedup, text: "Honest is faster than honest after a sleep.", variant: honest, over: slower, at_least: 1.5,
      level: kernel, where: {shapes: [{rows: 16, cols: 32}]}}
@@ -355,13 +357,14 @@ REQUIRED = ("variant", "shape", "dtype", "median_us", "p10_us", "p90_us", "gbps"
             "roof_fraction", "regime", "correct", "max_rel_err")
 
 
+@pytest.mark.slow
 def test_softmax_case_runs_on_a_cpu(tmp_path):
     """`casebook run cases/softmax_fusion.yaml`: exit 0, a valid stored result, Triton checked through the
     interpreter. About 35-60 s on a 2-core machine (ceilings measured afresh included)."""
     env = {**os.environ, "CASEBOOK_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "casebook.cli", "run", "cases/softmax_fusion.yaml",
-                           "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
+                           "--save", "--results", str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     seconds = time.monotonic() - start
     stored = list((tmp_path / "results").glob("*/softmax_fusion.json"))
@@ -369,7 +372,8 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
     [path] = stored
     doc = json.loads(path.read_text())
     bad = [f"{p['variant']} {p['shape']} {p['dtype']}: {p['status']}: {p.get('error')}"
-           for p in doc["kernel_level"] + doc["workload_level"]["points"] if p["status"] not in ("ok", "checked", "skipped")]
+           for p in doc["kernel_level"] + doc["workload_level"]["points"]
+           if p["status"] not in ("ok", "checked", "skipped")]
     assert proc.returncode == 0, "\n".join(bad) + f"\nceilings: {doc['hardware']['measured']}\n" + proc.stderr[-2000:]
     result = Result.model_validate(doc)
     assert results.load(path) == result and not run.failed(doc)
@@ -405,7 +409,7 @@ def test_checkpoint_after_each_variant_but_the_last(tmp_path, monkeypatch):
 
     seen: list[dict] = []
     monkeypatch.setattr(run_mod, "run_isolated", lambda work, tasks, **kw: [{"status": "checked"} for _ in tasks])
-    doc = run_mod.run_case(REPO / "cases" / "softmax_fusion.yaml", checkpoint=seen.append)
+    doc = run_mod.run_case(SOFTMAX, checkpoint=seen.append)
     variants = [v["name"] for v in doc["variants"]]
     assert doc["complete"] is True
     assert [len(d["variants"]) for d in seen] == list(range(1, len(variants)))
@@ -420,7 +424,7 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
 
     path = tmp_path / "cases" / "softmax_fusion.yaml"
     path.parent.mkdir()
-    path.write_text((REPO / "cases" / "softmax_fusion.yaml").read_text())
+    path.write_text(SOFTMAX.read_text())
     before = case_sha256(path)
 
     def edit_then_stub(work, tasks, **kw):
@@ -430,3 +434,45 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mod, "run_isolated", edit_then_stub)
     doc = run_mod.run_case(path)
     assert doc["case_sha256"] == before != case_sha256(path)
+
+
+@pytest.mark.slow
+def test_a_case_relying_on_the_conventional_names_runs(tmp_path):
+    """The fixture case names no `fn`, `reference`, `inputs` or `traffic`: the run finds them by convention."""
+    from conftest import SMALL_CASE
+
+    path = tmp_path / "cases" / "scaled_add.yaml"
+    path.parent.mkdir()
+    path.write_text(SMALL_CASE.read_text())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CASEBOOK_KERNELS_PATH", str(CHEATS_DIR))  # the fixture kernels, for the children
+        mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])
+        doc = run.run_case(path, quick=True, timeout_s=120, ceilings=CEILINGS)
+    status = {(p["variant"], p["dtype"]): p["status"] for p in doc["kernel_level"]}
+    assert status[("eager", "fp32")] == "ok" and status[("eager", "bf16")] == "ok", status
+    assert all(p["correct"] for p in doc["kernel_level"] if p["status"] in ("ok", "checked")), doc["kernel_level"]
+    assert doc["measurement_sha256"] == measurement_sha256(load_case(path))
+
+
+def test_the_declared_intensity_is_checked_against_the_traffic_model(make_case, monkeypatch, line_of):
+    """A case declaring 10 FLOP/byte where its model gives 1.25 (softmax, at its first level-1 shape): the run
+    records both, and `check` flags the declared figure at its line."""
+    from casebook import run as run_mod
+    from casebook.measure import work
+    from casebook.validate import validate
+
+    path = make_case({"  arithmetic_intensity: 1.25\n": "  arithmetic_intensity: 10\n"})
+    monkeypatch.setattr(run_mod, "run_isolated", lambda _, tasks, **kw: [
+        work(t) if t.kind == "traffic" else {"status": "checked"} for t in tasks])
+    doc = run_mod.run_case(path)
+    rec = doc["arithmetic_intensity"]
+    assert rec["shape"] == load_case(path).levels.kernel.shapes[0] and rec["dtype"] == "bf16"
+    assert rec["modelled"] == pytest.approx(1.25) and rec["declared"] == 10 and rec["flagged"] is True
+    stored = results.save(doc, path.parent.parent / "results")
+    [error] = [str(e) for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)]
+    assert error == (f"{path}:{line_of(path, 'arithmetic_intensity: 10')}: bottleneck.arithmetic_intensity: declared "
+                     "10 FLOP/byte, but the traffic model gives 1.25 at 131072x1024 bf16 (the first level-1 shape and "
+                     "dtype): +700%, more than 10%; state the model's figure at that shape "
+                     f"(from results/{stored.parent.name}/softmax_fusion.json)")
+    path.write_text(path.read_text().replace("arithmetic_intensity: 10\n", "arithmetic_intensity: 1.3\n"))
+    assert not [e for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)], "4% apart: within 10%"

@@ -15,9 +15,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from site_helpers import build_site, copy_cases, copy_results
 
 from casebook.render.book import load_book
+
+from site_helpers import build_site, copy_cases, copy_results
+
+pytestmark = pytest.mark.slow  # site builds and child-process runs
 
 CHROMIUM = "/usr/bin/chromium"
 SCREENS = Path(os.environ.get("CASEBOOK_SCREENS", "/tmp/screens"))
@@ -145,7 +148,8 @@ def test_pattern_index_lists_every_fusion_case(watched):
     page.goto(f"{base}/browse/pattern/")
     hrefs = page.evaluate("""() => {
         const out = []; let el = document.getElementById('fusion').nextElementSibling;
-        while (el && el.tagName !== 'H2') { el.querySelectorAll('a').forEach(a => out.push(a.getAttribute('href'))); el = el.nextElementSibling; }
+        while (el && el.tagName !== 'H2') {
+            el.querySelectorAll('a').forEach(a => out.push(a.getAttribute('href'))); el = el.nextElementSibling; }
         return out; }""")
     expected = {e.id for e in book.entries if "fusion" in e.case.patterns}
     assert expected and all(any(f"cases/{cid}/" in h for h in hrefs) for cid in expected), (expected, hrefs)
@@ -223,7 +227,8 @@ def test_each_roofline_has_its_machines_caption_and_its_own_roof_labels(watched)
                            .replace("../../", f"{base}/")).text()
     labels = re.findall(r">([^<>]+)</text>", svg)
     # bf16 and fp16 measured different ceilings: each has its own label with its own number
-    assert any(re.fullmatch(r"bf16 [\d,.]+", t) for t in labels) and any(re.fullmatch(r"fp16 [\d,.]+", t) for t in labels)
+    for dtype in ("bf16", "fp16"):
+        assert any(re.fullmatch(rf"{dtype} [\d,.]+", t) for t in labels), dtype
 
 
 def test_the_transfer_graph_links_an_operator_to_the_cases_of_it(watched):

@@ -12,9 +12,10 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-from site_helpers import REPO, build_site, copy_cases, copy_results
 
 from casebook.render import text
+
+from site_helpers import REPO, build_site, copy_cases, copy_results
 
 FIXTURE_CPU = "cpu-x86-64-2c"
 
@@ -152,8 +153,8 @@ def test_hardware_json(cli, monkeypatch):
 
     monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-test", "name": "Test CPU", "kind": "cpu",
                                                        "datasheet": None})
-    monkeypatch.setattr(hardware, "ceilings", lambda remeasure=False: {"copy_gbps": 12.5, "matmul_tflops": {"fp32": 0.2},
-                                                                       "launch_us": 2.0, "graph_launch_us": None})
+    ceilings = {"copy_gbps": 12.5, "matmul_tflops": {"fp32": 0.2}, "launch_us": 2.0, "graph_launch_us": None}
+    monkeypatch.setattr(hardware, "ceilings", lambda remeasure=False: ceilings)
     result = cli("hardware", "--json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
@@ -228,7 +229,8 @@ def test_the_home_page_shows_the_book(tmp_path, plot_cache):
     assert re.search(r"\w+: \d+% of roof, \d+\.\d\d× over the baseline on nvidia-h200", words(html))
     assert "No results yet." in words(html)  # the cases the fixture book has not run
     assert 'src="img/atlas/nvidia-h200.svg"' in html
-    steps = re.findall(r"casebook (new|validate|run|check|build)\b", words(html[html.index('id="contributing-a-case"'):]))
+    block = words(html[html.index('id="contributing-a-case"'):])
+    steps = re.findall(r"casebook (new|validate|run|check|build)\b", block)
     assert steps[:5] == ["new", "validate", "run", "check", "build"]  # check needs the stored result
 
 
@@ -260,7 +262,8 @@ def test_the_baselines_grey_is_not_the_dtype_markers_colour():
                           "measured": {"bandwidth_gbps": 1000.0, "compute_tflops": {"bf16": 100.0}},
                           "datasheet": None, "shapes": ["1x2"],
                           "points": [{"variant": v, "dtype": "bf16", "shape": "1x2", "ai": 1.0, "tflops": 0.5,
-                                      "ceiling_tflops": 1.0, "roof_fraction": 0.5} for v in ("eager", "fast")]}).decode()
+                                      "ceiling_tflops": 1.0, "roof_fraction": 0.5}
+                                     for v in ("eager", "fast")]}).decode()
     legend = svg[svg.index('id="legend_1"'):]
     baseline_marker = legend[:legend.index(">eager<")].rsplit("<use ", 1)[1]
     dtype_marker = legend[:legend.index(">bf16<")].rsplit("<use ", 1)[1]

@@ -15,11 +15,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from site_helpers import REPO, build_site, copy_results
 
 from casebook import provenance
 from casebook.render import text
 from casebook.render.book import BookError, load_book
+
+from site_helpers import REPO, build_site, copy_results
 
 SECRET = "TOP-SECRET first line of a file outside the book"
 

@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from casebook import provenance
+from casebook.load import load_case
 from casebook.validate import top_level_names, validate
 
 from conftest import REPO, SOFTMAX
@@ -103,7 +105,8 @@ def test_variants_take_the_reference_arguments(make_case, tmp_path, line_of):
                      .replace("def torch_softmax(x: torch.Tensor)", "def torch_softmax(x, dim: int = -1)"))
     path = make_case()
     assert problems(path) == [f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not "
-                              "take the arguments of reference(x): the input maker's tensors are passed to both by name"]
+                              "take the arguments of reference(x): the input maker's tensors are passed to both by "
+                              "name"]
 
 
 def test_signatures_not_judged_when_not_plain(tmp_path):
@@ -308,6 +311,27 @@ def test_strict_rejects_a_case_without_claims(make_case, softmax_text, line_of, 
     assert [e for e in validate([path]).errors if e.field == "claims"] == []  # plain validate: a valid case
 
 
+def test_check_reports_one_hardware_name_with_two_machines_ceilings(make_case):
+    """Two results under one name, copy ceilings 45.9 and 19.3 GB/s: two machines; check says so."""
+    paths = [make_case(), make_case(name="other_case")]
+    for path, copy_gbps in zip(paths, (45.9, 19.3)):
+        result = store_result(path)
+        doc = {**json.loads(result.read_text()), "hardware": {"measured": {"copy_gbps": copy_gbps}}}
+        (result.parent.parent / "cpu-one-name-2c-24g").mkdir(exist_ok=True)
+        (result.parent.parent / "cpu-one-name-2c-24g" / result.name).write_text(json.dumps(doc))
+        result.unlink()
+    errors = [str(e) for e in validate(paths, strict=True).errors if "share the hardware name" in str(e)]
+    assert errors == [
+        f"{paths[0]}:1: results: results/cpu-one-name-2c-24g/softmax_fusion.json and "
+        "results/cpu-one-name-2c-24g/other_case.json share the hardware name 'cpu-one-name-2c-24g' but their measured "
+        "ceilings differ by more than 20% (copy 45.9 vs 19.3 GB/s): two machines, or a disturbed run; run both cases "
+        "again on one machine",
+        f"{paths[1]}:1: results: results/cpu-one-name-2c-24g/other_case.json and "
+        "results/cpu-one-name-2c-24g/softmax_fusion.json share the hardware name 'cpu-one-name-2c-24g' but their "
+        "measured ceilings differ by more than 20% (copy 19.3 vs 45.9 GB/s): two machines, or a disturbed run; run "
+        "both cases again on one machine"]
+
+
 def test_check_command_passes_with_fresh_results(make_case, cli):
     path = make_case()
     store_result(path)
@@ -325,6 +349,35 @@ def test_provenance_hashes_bytes():
     assert provenance.kernel_sha256("gelu_fit") == hashlib.sha256(leaf.read_bytes()).hexdigest()
     with pytest.raises(ValueError):
         provenance.kernel_path("../etc/passwd")
+
+
+# --- conventions: names a case may leave out ----------------------------------------------------------
+
+
+def test_a_case_relying_on_the_conventional_names_validates(small_case):
+    """The fixture case names no `fn`, `reference`, `inputs` or `traffic`: the defaults resolve and exist."""
+    path = small_case()
+    kernel = yaml.safe_load(path.read_text())["kernel"]
+    assert not {"reference", "inputs", "traffic"} & set(kernel) and not any("fn" in v for v in kernel["variants"])
+    report = validate([path], strict=False)
+    assert report.errors == [], [str(e) for e in report.errors]
+    case = load_case(path)
+    assert [v.fn for v in case.kernel.variants] == ["eager", "triton_fused"]
+    assert (case.kernel.reference, case.kernel.inputs, case.kernel.traffic) == ("reference", "make_inputs", "traffic")
+
+
+def test_a_missing_conventional_function_is_reported_at_its_field(small_case, line_of):
+    """Defaults are still checked against the module's source (by ast): a renamed `traffic` is an error."""
+    path = small_case()
+    kernel = path.parent.parent / "casebook" / "kernels" / "scaled_add.py"
+    kernel.write_text(kernel.read_text().replace("def traffic(", "def traffic_model(")
+                      .replace("def triton_fused(", "def triton_fused_v2("))
+    errors = sorted(str(e) for e in validate([path], strict=False).errors)
+    assert errors == sorted([
+        f"{path}:{line_of(path, 'kernel:')}: kernel.traffic: 'traffic' is not defined at the top level of "
+        "casebook/kernels/scaled_add.py; did you mean 'Traffic'?",
+        f"{path}:{line_of(path, '- name: triton_fused')}: kernel.variants.1.fn: 'triton_fused' is not defined at the "
+        "top level of casebook/kernels/scaled_add.py; did you mean 'triton_fused_v2'?"]), errors
 
 
 # --- one pass ----------------------------------------------------------------------------------------

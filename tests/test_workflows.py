@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, SOFTMAX
 
 WORKFLOWS = REPO / ".github" / "workflows"
 SCRIPTS = REPO / ".github" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-import changed_cases  # noqa: E402
 import correctness  # noqa: E402
 
 
@@ -80,7 +79,8 @@ def test_no_pull_request_target_and_no_credentials_kept(path):
 def test_actions_are_pinned_to_commits(path):
     for step in steps(yaml.safe_load(path.read_text())):
         if "uses" in step:
-            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), f"{path.name}: {step['uses']} is not pinned"
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), \
+                f"{path.name}: {step['uses']} is not pinned"
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
@@ -173,7 +173,7 @@ def repo(tmp_path: Path) -> Path:
     kernels.mkdir(parents=True)
     shutil.copytree(REPO / "casebook", tmp_path / "casebook", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__", "kernels"))
-    softmax = (REPO / "cases" / "softmax_fusion.yaml").read_text()
+    softmax = SOFTMAX.read_text()
     (tmp_path / "cases" / "softmax_fusion.yaml").write_text(softmax)
     (tmp_path / "cases" / "shared_user.yaml").write_text(
         softmax.replace("\nid: softmax_fusion\n", "\nid: shared_user\n").replace("  module: softmax_fusion",

@@ -1,4 +1,4 @@
-"""Compile a Gluon kernel for a GPU this machine does not have, and say what ptxas says of it.
+"""Does a Gluon kernel lower for a GPU this machine lacks, and with what registers and spills (ptxas)?
 
 Triton lowers a kernel ahead of time for any target it knows; its bundled ptxas then reports registers
 and spills. This checks that an exploration lowers (layouts, shared memory, warp specialisation) before it

@@ -15,7 +15,9 @@ between the runs (the machine, its clocks, the code), not too few repetitions.
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -54,12 +56,80 @@ def _intervals(a: dict, b: dict) -> str:
     return "overlap" if ca[0] <= cb[1] and cb[0] <= ca[1] else "apart"
 
 
+@dataclass
+class Agreement:
+    """Two results of one case, point by point: what `casebook compare` prints, as data."""
+
+    points_a: dict
+    points_b: dict
+    rows: list[tuple[float, tuple]]
+    """(relative change of the median, point key) for every point timed in both above `min_us`, largest first."""
+    moved: list[tuple[float, tuple]]
+    """The rows that moved more than `within`."""
+    only: int
+    """Points timed in only one of the two."""
+    environment: list[tuple[str, object, object]]
+    """(key, A's value, B's value) where the two environments differ."""
+
+    @property
+    def geomean_ratio(self) -> float | None:
+        """B's medians over A's, geometric mean over the rows (above 1: B is slower)."""
+        if not self.rows:
+            return None
+        return math.exp(sum(math.log1p(change) for change, _ in self.rows) / len(self.rows))
+
+
+def agreement(first: Result, second: Result, min_us: float = 20.0, within: float = 0.02) -> Agreement:
+    """Compare two results of one case: every point timed in both above `min_us`, median against median."""
+    env = [(key, x, y) for key in ENVIRONMENT_KEYS
+           for x, y in [tuple(r.environment.get(key) for r in (first, second))] if x != y]
+    pa, pb = timed_points(first), timed_points(second)
+    ma, mb = ({k: p["median_us"] for k, p in points.items()} for points in (pa, pb))
+    rows = sorted(((mb[k] / ma[k] - 1, k) for k in ma.keys() & mb.keys() if min(ma[k], mb[k]) > min_us),
+                  key=lambda r: -abs(r[0]))
+    return Agreement(pa, pb, rows, [r for r in rows if abs(r[0]) > within], len(ma.keys() ^ mb.keys()), env)
+
+
+def show(out: Console, first: Result, second: Result, names: tuple[str, str], min_us: float = 20.0,
+         within: float = 0.02) -> Agreement:
+    """Print how `second` agrees with `first`: differing environment, the points that moved, a summary line."""
+    ag = agreement(first, second, min_us, within)
+    for key, x, y in ag.environment:
+        out.print(f"environment differs: {key} {x} vs {y}")
+    pa, pb = ag.points_a, ag.points_b
+    fa, fb = (r.protocol.get("host_slack_us") for r in (first, second))
+    if ag.moved:
+        table = Table(header_style="bold", title_justify="left",
+                      title=f"points that moved more than {within:.1%} ({names[0]} -> {names[1]})")
+        numeric = ("change", "p10 change", "A us", "B us", "host us A / B")
+        for col in ("change", "p10 change", "level", "variant", "shape", "dtype", "A us", "B us", "host us A / B",
+                    "95% CIs"):
+            table.add_column(col, justify="right" if col in numeric else "left")
+        for change, key in ag.moved:
+            level, variant, shape, dtype = key
+            a10, b10 = pa[key].get("p10_us"), pb[key].get("p10_us")
+            table.add_row(f"{change:+.2%}", f"{b10 / a10 - 1:+.2%}" if a10 and b10 else "-", level, variant, shape,
+                          dtype, f"{pa[key]['median_us']:.1f}", f"{pb[key]['median_us']:.1f}",
+                          f"{_host(pa[key], fa)} / {_host(pb[key], fb)}", _intervals(pa[key], pb[key]))
+        out.print(table)
+        if any(_host_reached(p, f) for _, k in ag.moved for p, f in ((pa[k], fa), (pb[k], fb))):
+            out.print("* host-bound: issuing the call took longer than the device ran it (hidden from the timing "
+                      "unless the call waits on the device), or, in an older result, longer than the fixed delay "
+                      "it was timed behind (host jitter reached the timing)")
+    ratio = ag.geomean_ratio
+    out.print(f"{len(ag.rows)} points above {min_us:g} us in both; {len(ag.rows) - len(ag.moved)} within {within:.0%}"
+              + (f"; B's medians {ratio:.3f}x A's (geometric mean)" if ratio is not None else "")
+              + (f"; {ag.only} timed in only one of the two" if ag.only else ""))
+    return ag
+
+
 def machine_line(label: str, path: Path, r: Result) -> str:
-    """`A: results/x.json: NVIDIA H200 (nvidia-h200), 2026-12-01T10:00:00+00:00, copy 4,246 GB/s, bf16 810 TFLOP/s`."""
+    """`A: results/x.json: NVIDIA H200 (nvidia-h200), 2026-12-01T10:00:00+00:00; ceilings: copy 4,246 GB/s, ...`."""
     hw = r.hardware or {}
     m = hw.get("measured") or {}
     roofs = [f"copy {m['copy_gbps']:,.0f} GB/s"] if isinstance(m.get("copy_gbps"), (int, float)) else []
-    roofs += [f"{d} {v:,.0f} TFLOP/s" if v >= 100 else f"{d} {v:.3g} TFLOP/s" for d, v in (m.get("matmul_tflops") or {}).items() if isinstance(v, (int, float))]
+    roofs += [f"{d} {v:,.0f} TFLOP/s" if v >= 100 else f"{d} {v:.3g} TFLOP/s"
+              for d, v in (m.get("matmul_tflops") or {}).items() if isinstance(v, (int, float))]
     roofs += [f"launch {m['launch_us']:.3g} us"] if isinstance(m.get("launch_us"), (int, float)) else []
     return (f"{label}: {path}: {hw.get('name') or '?'} ({hw.get('slug') or '?'}), {r.started_at}; "
             f"ceilings: {', '.join(roofs) or 'none stored'}")
@@ -86,36 +156,6 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02, across_ma
                            "differ by the machine, not by run-to-run noise; pass --across-machines to compare "
                            "them anyway", style="red"))
             return 2
-        out.print(Text(f"different machines ({slugs[0]} and {slugs[1]}): a move below is the machine's", style="yellow"))
-    for key in ENVIRONMENT_KEYS:
-        x, y = (r.environment.get(key) for r in (first, second))
-        if x != y:
-            out.print(f"environment differs: {key} {x} vs {y}")
-    pa, pb = timed_points(first), timed_points(second)
-    fa, fb = (r.protocol.get("host_slack_us") for r in (first, second))
-    ma, mb = ({k: p["median_us"] for k, p in points.items()} for points in (pa, pb))
-    rows = sorted(((mb[k] / ma[k] - 1, k) for k in ma.keys() & mb.keys() if min(ma[k], mb[k]) > min_us),
-                  key=lambda r: -abs(r[0]))
-    moved = [r for r in rows if abs(r[0]) > within]
-    if moved:
-        table = Table(header_style="bold", title_justify="left",
-                      title=f"points that moved more than {within:.1%} ({a.name} -> {b.name})")
-        numeric = ("change", "p10 change", "A us", "B us", "host us A / B")
-        for col in ("change", "p10 change", "level", "variant", "shape", "dtype", "A us", "B us", "host us A / B",
-                    "95% CIs"):
-            table.add_column(col, justify="right" if col in numeric else "left")
-        for change, key in moved:
-            level, variant, shape, dtype = key
-            a10, b10 = pa[key].get("p10_us"), pb[key].get("p10_us")
-            table.add_row(f"{change:+.2%}", f"{b10 / a10 - 1:+.2%}" if a10 and b10 else "-", level, variant, shape,
-                          dtype, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{_host(pa[key], fa)} / {_host(pb[key], fb)}",
-                          _intervals(pa[key], pb[key]))
-        out.print(table)
-        if any(_host_reached(p, f) for _, k in moved for p, f in ((pa[k], fa), (pb[k], fb))):
-            out.print("* host-bound: issuing the call took longer than the device ran it (hidden from the timing "
-                      "unless the call waits on the device), or, in an older result, longer than the fixed delay "
-                      "it was timed behind (host jitter reached the timing)")
-    only = len(ma.keys() ^ mb.keys())
-    out.print(f"{len(rows)} points above {min_us:g} us in both; {len(rows) - len(moved)} within {within:.0%}"
-              + (f"; {only} timed in only one of the two" if only else ""))
-    return 1 if moved else 0
+        out.print(Text(f"different machines ({slugs[0]} and {slugs[1]}): a move below is the machine's",
+                       style="yellow"))
+    return 1 if show(out, first, second, (a.name, b.name), min_us, within).moved else 0

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from casebook.roofline import host_bound
@@ -23,7 +23,10 @@ STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed
 
 
 def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float, argv: list[str] | None = None) -> int:
+         timeout: float, save: bool = False, force: bool = False, argv: list[str] | None = None) -> int:
+    """Run, keep the run under the cache's runs folder, compare it with the stored result for this machine;
+    with `save`, also store it in `results_dir` (`casebook.commands.record`). `argv`, the command line as
+    parsed, is stored with the run (every flag kept, for the page's Reproduce)."""
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, load_case
 
@@ -59,21 +62,54 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                     console.print(f"[red]{name} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
+        kept: list[Path] = []  # the run's own file, named when the run starts
+
+        def checkpoint(partial: dict) -> None:
+            kept[:] = kept or [results.run_path(results.runs_dir(), partial)]
+            results.save_as(partial, kept[0])
+
         doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress,
-                           checkpoint=lambda partial: results.save(partial, results_dir))
+                           checkpoint=checkpoint)
     if counters:
         from casebook import counters as counters_mod
 
         doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: console.print(msg, highlight=False))
     if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
         doc["argv"], doc["command"] = list(argv), shlex.join(argv)
-    path = results.save(doc, results_dir)
+    path = results.save_as(doc, kept[0] if kept else results.run_path(results.runs_dir(), doc))
     if json_out:
         out.print_json(json.dumps(doc))
     else:
         report(doc)
-        out.print(f"stored [bold]{path}[/bold]")
-    return 1 if run.failed(doc) else 0
+    console.print(f"this run: [bold]{path}[/bold]", highlight=False)
+    against_stored(doc, results_dir)
+    code = 1 if run.failed(doc) else 0
+    if save:
+        from casebook.commands.record import store
+
+        code = max(code, store(doc, results_dir, case, force, console))
+    else:
+        console.print(f"results/ untouched: `--save`, or `casebook record {path}`, stores it", highlight=False)
+    return code
+
+
+def against_stored(doc: dict, results_dir: Path) -> None:
+    """How this run compares with the stored result of its case on this machine, if there is one."""
+    from casebook import results
+    from casebook.commands.compare import show
+    from casebook.schema import Result
+
+    stored = results.result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    if not stored.exists():
+        console.print(f"no stored result for this machine ({stored}) to compare with", highlight=False)
+        return
+    try:
+        before = results.load(stored)
+    except ValueError as e:
+        console.print(f"the stored result {stored} is unreadable: {e}", highlight=False)
+        return
+    console.print(f"[bold]Against the stored result[/bold] {stored} (A) -> this run (B):", highlight=False)
+    show(console, before, Result.model_validate(doc), (stored.name, "this run"), min_us=0.0)
 
 
 def _fmt(v, spec: str, missing: str = "-") -> str:
@@ -126,7 +162,8 @@ def _points_table(title: str, points: list[dict], weighted: bool = False) -> Tab
                   _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".1f"), _regime(p),
                   _fmt(p.get("speedup"), ".2f"),
                   _fmt(p.get("max_rel_err"), ".1e") if p.get("status") in ("ok", "checked") else "-",
-                  _status(p), *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
+                  _status(p) + (" [yellow]unstable[/]" if p.get("unstable") else ""),
+                  *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
     return t
 
 
@@ -181,9 +218,44 @@ def report(doc: dict) -> None:
                 c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], "-", "-", r.get("error", "-"))
                 continue
             c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], f"{r['modelled_bytes'] / 1e6:.1f}",
-                      f"{r['measured_bytes'] / 1e6:.1f}", f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
+                      f"{r['measured_bytes'] / 1e6:.1f}",
+                      f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
         out.print(c)
+    _stability(doc)
+    _intensity(doc.get("arithmetic_intensity") or {})
     out.print("[bold]Claims[/bold]")
     for c in doc["claims"]:
         mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c["held"]]
         out.print(f"  {mark}  {c['text']}  [dim]{c['detail']}[/]", highlight=False)
+
+
+def _stability(doc: dict) -> None:
+    """How quiet the machine was: the count of unstable points, each with its reason."""
+    st, env = doc.get("stability") or {}, doc["environment"]
+    loads = " -> ".join(f"{la[0]:.2f}" for la in (env.get("load_average_start"), env.get("load_average_end")) if la)
+    busiest = (f"; other processes at most {st['other_cores_max']:.2f} cores" if st.get("other_cores_max") is not None
+               else "")
+    head = (f"[bold]Stability[/bold] {st.get('unstable', 0)} of {st.get('points', 0)} timed points unstable; "
+            f"{env.get('cpu_threads')} CPU threads; load average {loads or '-'}{busiest}")
+    out.print(head, highlight=False)
+    points = doc["kernel_level"] + doc["workload_level"]["points"]
+    for p in (p for p in points if p.get("unstable")):
+        out.print(f"  [yellow]unstable[/]  {p['variant']} {shape_label(p['shape'])} {p['dtype']}: "
+                  + "; ".join(p["unstable"]), highlight=False)
+    if st.get("unstable"):
+        out.print("  `casebook check` will not publish this result: run it again on a quiet machine", highlight=False)
+
+
+def _intensity(rec: dict) -> None:
+    """The declared arithmetic intensity beside the traffic model's, at the first level-1 shape."""
+    if rec.get("modelled") is None:
+        if rec.get("error"):
+            out.print(f"[bold]Arithmetic intensity[/bold] not modelled: {rec['error']}", highlight=False)
+        return
+    line = (f"[bold]Arithmetic intensity[/bold] at {shape_label(rec['shape'])} {rec['dtype']}: the traffic model "
+            f"gives {rec['modelled']:.4g} FLOP/byte")
+    if rec.get("declared") is not None:
+        line += f", the case declares {rec['declared']:g} ({rec['difference']:+.1%})"
+        if rec.get("flagged"):
+            line += f" [bold red]more than {rec['tolerance']:.0%} apart: `casebook check` flags it[/]"
+    out.print(line, highlight=False)

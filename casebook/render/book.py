@@ -9,7 +9,9 @@ from casebook import provenance
 from casebook.load import load_case
 from casebook.paths import refusal
 from casebook.results import load as load_result
+from casebook.roofline import ceilings_apart
 from casebook.schema import Case, Result
+
 
 class BookError(ValueError):
     """A case or result that cannot be rendered; the build fails with this message."""
@@ -63,11 +65,22 @@ class Book:
         return next((e for e in self.entries if e.id == case_id), None)
 
     def hardware(self) -> dict[str, list[StoredResult]]:
-        """Results grouped by machine slug, GPUs first."""
+        """Results grouped by machine, GPUs first: by slug, and apart (`<slug>-2`, ...) where results under one
+        slug measured ceilings more than `roofline.CEILINGS_APART` apart, so that each is drawn against
+        ceilings of its own run's machine (`casebook check` reports such a slug)."""
         out: dict[str, list[StoredResult]] = {}
+        machines: dict[str, list[str]] = {}  # slug -> its groups' keys
         for e in self.entries:
             for r in e.results:
-                out.setdefault(r.slug, []).append(r)
+                keys = machines.setdefault(r.slug, [])
+                mine = r.result.hardware.get("measured") or {}
+                key = next((k for k in keys
+                            if not ceilings_apart(mine, out[k][0].result.hardware.get("measured") or {})),
+                           None)
+                if key is None:
+                    key = r.slug if not keys else f"{r.slug}-{len(keys) + 1}"
+                    keys.append(key)
+                out.setdefault(key, []).append(r)
         gpu_first = lambda item: (item[1][0].result.hardware.get("kind") != "gpu", item[0])  # noqa: E731
         return dict(sorted(out.items(), key=gpu_first))
 

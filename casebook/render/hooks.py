@@ -55,7 +55,8 @@ def _extend_nav(nav: list | None, book: Book) -> None:
         if isinstance(item, dict):
             for value in item.values():
                 if isinstance(value, list) and links.CASE_INDEX in value:
-                    value[:] = [links.CASE_INDEX] + [{html.escape(e.case.title): links.case_page(e.id)} for e in book.entries]
+                    value[:] = [links.CASE_INDEX] + [{html.escape(e.case.title): links.case_page(e.id)}
+                                                     for e in book.entries]
                     return
                 if isinstance(value, list):
                     _extend_nav(value, book)
@@ -64,7 +65,7 @@ def _extend_nav(nav: list | None, book: Book) -> None:
 def on_files(files: Files, config) -> Files:
     book: Book = _state["book"]
     _, _, cache = _dirs(config)
-    generated = site.plan(book)
+    generated = site.plan(book, repo=ROOT)
     _state["home"] = generated.home
     for path, markdown in generated.pages.items():
         files.append(File.generated(config, path, content=markdown))

@@ -33,8 +33,8 @@ def env() -> jinja2.Environment:
         autoescape=True, finalize=_finalize, trim_blocks=True, lstrip_blocks=False,
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
     )
-    e.filters.update(ident=_ident, shell=_shell, safe_url=text.safe_url, num=text.num, pct=text.pct, times=text.times, us=text.us, shape=text.shape,
-                     shape_short=text.shape_short)
+    e.filters.update(ident=_ident, shell=_shell, safe_url=text.safe_url, num=text.num, pct=text.pct,
+                     times=text.times, us=text.us, shape=text.shape, shape_short=text.shape_short)
     return e
 
 
@@ -345,8 +345,8 @@ def _measured(hw: dict, key: tuple[str, ...]) -> object:
 
 
 def _ceiling(what: str, unit: str, measured: object, datasheet: object, every: list[object]) -> dict:
-    ratio = (text.pct(measured / datasheet) if isinstance(measured, (int, float)) and isinstance(datasheet, (int, float))
-             and datasheet else "–")
+    numbers = isinstance(measured, (int, float)) and isinstance(datasheet, (int, float))
+    ratio = text.pct(measured / datasheet) if numbers and datasheet else "–"
     values = [v for v in every if isinstance(v, (int, float)) and v > 0]
     spread = (f"{text.num(min(values))}–{text.num(max(values))} over {len(values)}"
               if len(values) > 1 and max(values) > 1.005 * min(values) else "–")

@@ -422,7 +422,28 @@ def ceilings(data: dict) -> bytes:
     return _svg(fig)
 
 
-RENDERERS = {"roofline": roofline, "speedups": speedups, "amdahl": amdahl, "atlas": atlas, "ceilings": ceilings}
+def history(data: dict) -> bytes:
+    """Each variant's headline (fraction of the roof) over the commits that stored a result, per machine."""
+    machines = data["machines"]
+    fig = Figure(figsize=(10.5, 2.8 * len(machines) + 0.6))
+    axes = fig.subplots(len(machines), 1, squeeze=False)[:, 0]
+    for ax, (machine, series) in zip(axes, machines.items()):
+        variants = list(dict.fromkeys(v for e in series for v in e["headline"]))
+        for i, variant in enumerate(variants):
+            xs = [j for j, e in enumerate(series) if variant in e["headline"]]
+            ax.plot(xs, [series[j]["headline"][variant] * 100 for j in xs], marker="o", ms=3.5, lw=1.2,
+                    color=PALETTE[i % len(PALETTE)], label=variant)
+        ax.set_xticks(range(len(series)), [f"{e['commit']}\n{e['date']}" for e in series], fontsize=7)
+        ax.set_ylabel("% of roof (geomean)")
+        ax.set_title(f"{data['case']} · {machine}", fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
+    fig.subplots_adjust(right=0.8, hspace=0.7)
+    return _svg(fig)
+
+
+RENDERERS = {"roofline": roofline, "speedups": speedups, "amdahl": amdahl, "atlas": atlas, "ceilings": ceilings,
+             "history": history}
 
 
 def render(kind: str, data: dict) -> bytes:

@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from casebook.render import figures, links, pages, plots
+from casebook.render import figures, links, outlook, pages, plots
 from casebook.render.book import Book
 
 PLOTS_SOURCE = Path(plots.__file__)
@@ -29,8 +29,9 @@ class Generated:
 HOME_MARKER = "<!-- casebook:book -->"
 
 
-def plan(book: Book) -> Generated:
-    """Every page's Markdown and every image's input (images are drawn later, by `draw`)."""
+def plan(book: Book, repo: Path | None = None) -> Generated:
+    """Every page's Markdown and every image's input (images are drawn later, by `draw`). `repo`, the git
+    checkout whose commits hold the results, feeds the history page."""
     images: dict[str, tuple[str, dict]] = {}
     for entry in book.entries:
         case_images: dict[tuple[str, str], str] = {}
@@ -66,6 +67,15 @@ def plan(book: Book) -> Generated:
     out[links.TAGS] = pages.tags_page()
     out[links.ATLAS] = pages.atlas(book, atlas_images)
     out[links.HARDWARE] = pages.hardware(book, hardware_images)
+    out[outlook.PROJECTIONS] = outlook.projections_page(book)
+    history_images = {}
+    for entry in book.entries if repo is not None else []:
+        data = outlook.history_plot(entry, outlook.case_history(entry, repo)[0])
+        if data is not None:
+            history_images[entry.id] = path = links.image(f"history/{entry.id}")
+            images[path] = ("history", data)
+    out[outlook.HISTORY] = outlook.history_page(book, repo, history_images) if repo is not None else \
+        outlook.history_page(book, Path("/nonexistent"), {})
     return Generated(out, images, pages.home(book, atlas_images))
 
 

@@ -114,7 +114,8 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
                    "measured": text.nbytes(c.get("measured_bytes")), "gap": _gap(c)} for c in r.counters]
     m.environment = _items(r.environment)
     m.protocol = _items(r.protocol)
-    m.first_calls = [(v["name"], f"{text.num(v['first_call_s'], 3)} s (slowest shape {text.num(v.get('first_call_s_max'), 3)} s)")
+    m.first_calls = [(v["name"], f"{text.num(v['first_call_s'], 3)} s "
+                                 f"(slowest shape {text.num(v.get('first_call_s_max'), 3)} s)")
                      for v in r.variants if isinstance(v.get("first_call_s"), (int, float))]
     return m
 
@@ -140,7 +141,8 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
             "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread,
-            "gbps": text.rate(p.gbps, "B/s", 1e9), "tflops": text.rate(p.tflops), "roof": text.pct(p.roof_fraction), "regime": _regime(p),
+            "gbps": text.rate(p.gbps, "B/s", 1e9), "tflops": text.rate(p.tflops), "roof": text.pct(p.roof_fraction),
+            "regime": _regime(p),
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
@@ -201,7 +203,8 @@ def _e2e(e: dict) -> dict:
         out = {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
         if _ok(e.get("kernel_share")):  # the baseline was timed: its kernel share is a measurement, shown
             out.update(share=text.pct(e["kernel_share"]), baseline=e.get("baseline"),
-                       baseline_us=text.us(e.get("baseline_us")), baseline_kernel_us=text.us(e.get("baseline_kernel_us")),
+                       baseline_us=text.us(e.get("baseline_us")),
+                       baseline_kernel_us=text.us(e.get("baseline_kernel_us")),
                        shape=text.shape(e.get("shape") or {}), dtype=e.get("dtype"))
         return out
     return {"status": "ok", "shape": text.shape(e.get("shape") or {}), "dtype": e.get("dtype"),

@@ -166,6 +166,7 @@ SM90_COMPILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_every_gpu_config_compiles_for_sm90():
     """Without a GPU: both load paths of the grouped kernel compile to sm90 for every config."""
     try:

@@ -2,7 +2,7 @@
 for sm_90a with the installed Triton, and its PTX is checked for what the design depends on; the erf
 epilogue's arithmetic is replayed in fp32 with the module's constants. The kernel's results are checked
 on the H200 (every `casebook run` of gemm_epilogue, tests/kernels/test_gemm_epilogue.py's GPU-only
-test, and benchmarks/explore/pingpong_epilogue.py --check at ragged shapes).
+test, and benchmarks/explore/gemm_epilogue/pingpong_epilogue.py --check at ragged shapes).
 
 The lowering runs in a child process: once Triton's interpreter has run a kernel in a process (the
 other kernel tests do), compiling a Gluon kernel there fails, so the result would depend on test order
@@ -98,7 +98,8 @@ def test_erf_fit_is_exact_to_16_bit_precision(bf16, bound):
 def test_bf16_output_takes_the_shorter_fit(lowered_forms):
     """One FMA per accumulator element fewer when the output rounds to bf16: 128 per thread in each of
     the two consumers' code."""
-    fma = {form: len(re.findall(r"\bfma\.rn(?:\.ftz)?\.f32\b", lowered_forms[form]["ptx"])) for form in ("erf", "erf fp16")}
+    fma = {form: len(re.findall(r"\bfma\.rn(?:\.ftz)?\.f32\b", lowered_forms[form]["ptx"]))
+           for form in ("erf", "erf fp16")}
     assert fma["erf fp16"] - fma["erf"] == 2 * 128, fma
 
 

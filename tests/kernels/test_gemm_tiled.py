@@ -18,7 +18,8 @@ import torch
 import yaml
 
 from casebook.check import TOLERANCE, TORCH_DTYPES
-from casebook.kernels import gemm_common, gemm_tiled as mod
+from casebook.kernels import gemm_common
+from casebook.kernels import gemm_tiled as mod
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = yaml.safe_load((REPO / "cases" / "gemm_tiled.yaml").read_text())
@@ -141,6 +142,7 @@ SM90_COMPILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_largest_gpu_configs_compile_for_sm90():
     """Without a GPU: Triton compiles each kernel, with its two largest configs, to sm90 (ptxas is bundled)."""
     try:

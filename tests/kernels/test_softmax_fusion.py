@@ -72,7 +72,9 @@ def test_every_cpu_variant_is_covered():
         assert {c for _, c in shapes} | set(refused) == set(COLS), fn
 
 
-@pytest.mark.parametrize("fn, rows, cols, dtype", CASES, ids=[f"{f}-{r}x{c}-{d}" for f, r, c, d in CASES])
+@pytest.mark.parametrize("fn, rows, cols, dtype",
+                         [pytest.param(*c, marks=pytest.mark.slow) if c[1] * c[2] > 10**6 else c for c in CASES],
+                         ids=[f"{f}-{r}x{c}-{d}" for f, r, c, d in CASES])
 def test_variant_matches_reference(fn, rows, cols, dtype):
     c = run_check(fn, rows, cols, dtype)
     assert c.correct, c.error

@@ -1,0 +1,125 @@
+"""What else the machine did while a point was timed: raw readings taken around the timing, where it
+happens (in the child). `casebook.stability` judges them; nothing here decides anything.
+
+Linux only where it reads /proc; elsewhere the readings are absent (None), never guessed.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import time
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+"""/proc/stat counts CPU time in these ticks per second (100 on Linux)."""
+
+
+CPU_THREADS_ENV = "CASEBOOK_CPU_THREADS"
+
+
+def cpu_threads() -> int:
+    """Threads torch's CPU path runs with in every variant's child: `CASEBOOK_CPU_THREADS` if set, else the
+    CPUs this process may run on. Set explicitly (torch's own default follows the physical cores and its
+    build) and stored with each point, so a timing says how many threads it had."""
+    value = os.environ.get(CPU_THREADS_ENV, "").strip()
+    if value:
+        return max(1, int(value))
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def busy_ticks() -> tuple[int, int] | None:
+    """(ticks every CPU spent busy since boot, online CPUs) from /proc/stat; idle and I/O wait are not busy."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in lines[0].split()[1:9])
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
+    return user + nice + system + irq + softirq + steal, cpus  # guest time is already inside user
+
+
+def own_cpu_s() -> float:
+    """CPU time of this process (every thread) and of its children that have ended, in seconds."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_queue_wait_s() -> float | None:
+    """Seconds this thread has waited, runnable, for a CPU (/proc/thread-self/schedstat, field 2)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+class Window:
+    """Readings over one timing: opened before its first repetition, closed after its last."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()  # first, and last in `close`: the window holds its own readings
+        self.load_start = load_average()
+        self.busy, self.own, self.wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
+
+    def close(self) -> dict:
+        """{window_s, other_cpu_s, cpus, run_queue_wait_s, load_average}: `other_cpu_s` is the CPU time every
+        CPU was busy over the window less this process's own (so: other processes', to within a tick per CPU)."""
+        busy, own, wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
+        window_s = time.perf_counter() - self.start
+        out: dict = {"window_s": window_s, "load_average": load_average(), "load_average_start": self.load_start}
+        if busy is not None and self.busy is not None:
+            out["other_cpu_s"] = max(0.0, (busy[0] - self.busy[0]) / CLOCK_TICKS - (own - self.own))
+            out["cpus"] = busy[1]
+        if wait is not None and self.wait is not None:
+            out["run_queue_wait_s"] = wait - self.wait
+        return out
+
+
+def gpu_state() -> dict | None:
+    """The GPU's SM and memory clocks (MHz) and the compute processes on it other than this process and its
+    parent, through NVML (pynvml) where installed, else nvidia-smi; None where neither answers. In a
+    container the process list may be empty whatever runs (another PID namespace): an empty list then
+    says nothing either way."""
+    device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    index = int(device) if device.isdigit() else 0
+    state = _nvml_state(index) or _nvidia_smi_state(device)
+    if state is None:
+        return None
+    mine = {os.getpid(), os.getppid()}
+    return {**state, "other_processes": sorted(p for p in state["other_processes"] if p not in mine)}
+
+
+def _nvml_state(index: int) -> dict | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return {"sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+                "other_processes": [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]}
+    except Exception:  # not installed, no driver, or an NVML error: nvidia-smi may still answer
+        return None
+
+
+def _nvidia_smi_state(device: str) -> dict | None:
+    query = lambda *args: subprocess.run(["nvidia-smi", "-i", device, *args, "--format=csv,noheader,nounits"],  # noqa: E731
+                                         capture_output=True, text=True, timeout=10).stdout
+    try:
+        sm, mem = (v.strip() for v in query("--query-gpu=clocks.sm,clocks.mem").splitlines()[0].split(","))
+        pids = [int(v) for v in query("--query-compute-apps=pid").split() if v.strip().isdigit()]
+        return {"sm_clock_mhz": float(sm), "mem_clock_mhz": float(mem), "other_processes": pids}
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None

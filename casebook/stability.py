@@ -1,0 +1,74 @@
+"""Was a point timed on a quiet machine? Judged from its own spread and the readings that
+`casebook.interference` took around its timing, against the bounds below. Pure functions: a point
+over a bound is unstable, with the reason in numbers, and `casebook check` will not publish it.
+"""
+
+from __future__ import annotations
+
+SPREAD_RATIO_MAX = {"cuda": 1.5, "cpu": 3.0}
+"""Largest p90 / p10 of a point's repetitions. On an H200 the stored points reach 1.17 (softmax) to 1.47
+(one grouped-GEMM point); CPU points on a quiet shared 2-core box 1.3-2.1, where each repetition pays a
+cache flush of a few ms. A CPU point timed beside a busy process read 1,291-31,477 us (24x)."""
+
+OTHER_CPU_MAX_CORES = 0.5
+"""Most CPU other processes may take over a point's timing, in cores (their CPU seconds over the
+window's): more than half a core means they ran on a CPU this run's timing thread or its torch threads
+could have needed."""
+
+RUN_QUEUE_WAIT_MAX = 0.05
+"""Most of a point's timing window its thread may spend runnable but waiting for a CPU: a repetition that
+waits is timed waiting. The measure of contention that also holds for short windows."""
+
+MIN_WINDOW_S = 0.1
+"""Shortest window over which other processes' CPU time is judged: /proc/stat counts in ticks of 10 ms
+per CPU, so a shorter window's reading is mostly rounding (the run-queue wait, in ns, is judged anyway)."""
+
+TICK_ALLOWANCE_S = 0.01
+"""One /proc/stat tick per CPU: the rounding of a window's busy time, forgiven before judging it."""
+
+
+def bounds() -> dict:
+    """The bounds, as stored with every result."""
+    return {"spread_ratio_max": SPREAD_RATIO_MAX, "other_cpu_max_cores": OTHER_CPU_MAX_CORES,
+            "run_queue_wait_max": RUN_QUEUE_WAIT_MAX, "min_window_s": MIN_WINDOW_S}
+
+
+def other_cores(reading: dict) -> float | None:
+    """Other processes' CPU over the window, in cores; None where unread or the window is too short."""
+    window, other = reading.get("window_s"), reading.get("other_cpu_s")
+    if other is None or not window or window < MIN_WINDOW_S:
+        return None
+    return max(0.0, other - TICK_ALLOWANCE_S * reading.get("cpus", 1)) / window
+
+
+def reasons(point: dict, device: str) -> list[str]:
+    """Why a timed point is unstable (empty: stable, or nothing to judge)."""
+    out = []
+    p10, p90 = point.get("p10_us"), point.get("p90_us")
+    limit = SPREAD_RATIO_MAX.get(device, SPREAD_RATIO_MAX["cpu"])
+    if p10 and p90 and p90 / p10 > limit:
+        out.append(f"spread p90/p10 {p90 / p10:.2f} over {limit:g} ({p10:.1f}-{p90:.1f} us)")
+    reading = point.get("interference") or {}
+    cores = other_cores(reading)
+    if cores is not None and cores > OTHER_CPU_MAX_CORES:
+        out.append(f"other processes used {cores:.2f} cores over the {reading['window_s']:.2f} s timing "
+                   f"(at most {OTHER_CPU_MAX_CORES:g})")
+    wait, window = reading.get("run_queue_wait_s"), reading.get("window_s")
+    if wait is not None and window and wait / window > RUN_QUEUE_WAIT_MAX:
+        out.append(f"waited for a CPU {wait / window:.0%} of the timing (at most {RUN_QUEUE_WAIT_MAX:.0%})")
+    gpu = reading.get("gpu") or {}
+    if gpu.get("other_processes"):
+        out.append(f"other processes on the GPU: pid {', '.join(map(str, gpu['other_processes']))}")
+    return out
+
+
+def summary(points: list[dict]) -> dict:
+    """How many timed points were judged, how many are unstable, and the busiest reading of the run."""
+    timed = [p for p in points if p.get("median_us") is not None]
+    unstable = [p for p in timed if p.get("unstable")]
+    cores = [c for c in (other_cores(p.get("interference") or {}) for p in timed) if c is not None]
+    waits = [r["run_queue_wait_s"] / r["window_s"] for r in (p.get("interference") or {} for p in timed)
+             if r.get("run_queue_wait_s") is not None and r.get("window_s")]
+    return {"points": len(timed), "unstable": len(unstable),
+            "other_cores_max": max(cores, default=None), "run_queue_wait_max": max(waits, default=None),
+            "bounds": bounds()}

@@ -1,0 +1,32 @@
+"""The projections and history pages: what they show from a book and a repository."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from casebook.render import outlook
+from casebook.render.book import Book, Entry, load_book
+from tests.test_history import repo  # noqa: F401  (the throw-away repository fixture)
+
+
+def test_projections_page_marks_every_band_as_projected():
+    page = outlook.projections_page(load_book(Path("cases"), Path("results")))
+    assert "NVIDIA B200 (projected from NVIDIA H200)" in page
+    assert "never measurements: no claim is judged on them" in page
+    assert "No case has results on two GPUs yet" in page  # nothing to check projections against, yet
+
+
+def test_history_page_lists_the_slower_step(repo):  # noqa: F811
+    path, first, slower, noisy = repo
+    entry = Entry(SimpleNamespace(id="toy", title="Toy"), path / "toy.yaml")
+    found, judged = outlook.case_history(entry, path)
+    assert len(found) == 3
+    page = outlook.history_page(Book([entry]), path, {})
+    assert f"`{slower[:9]}`" in page and "fast" in page  # the slower step, named by its commit
+    assert f"`{noisy[:9]}`" not in page  # the noisy rerun is not a slowdown
+    assert page.count("| toy |") == 1
+    assert outlook.history_plot(entry, found)["machines"]["gpu-a"][0]["commit"] == first[:7]
+
+
+def test_history_outside_git_is_empty(tmp_path):
+    entry = Entry(SimpleNamespace(id="toy", title="Toy"), tmp_path / "toy.yaml")
+    assert outlook.case_history(entry, tmp_path) == ([], [])

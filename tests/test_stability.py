@@ -1,0 +1,125 @@
+"""casebook.stability judges each point's spread and interference; a real run beside CPU burners is marked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import casebook.kernels
+from casebook import run, stability
+from casebook.load import load_case
+from casebook.validate import unpublishable
+
+CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+
+QUIET = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 12.0,
+         "interference": {"window_s": 0.5, "other_cpu_s": 0.02, "cpus": 2, "run_queue_wait_s": 0.001}}
+
+
+def test_a_quiet_point_is_stable():
+    assert stability.reasons(QUIET, "cpu") == []
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"p10_us": 1.0, "p90_us": 31.0}, "spread p90/p10 31.00 over 3"),
+    ({"interference": {**QUIET["interference"], "other_cpu_s": 0.9}}, "other processes used 1.76 cores"),
+    ({"interference": {**QUIET["interference"], "run_queue_wait_s": 0.2}}, "waited for a CPU 40% of the timing"),
+    ({"interference": {**QUIET["interference"], "gpu": {"other_processes": [4242]}}}, "on the GPU: pid 4242"),
+])
+def test_each_bound_marks_a_point(change, words):
+    [why] = stability.reasons({**QUIET, **change}, "cpu")
+    assert words in why
+
+
+def test_the_gpu_bound_on_spread_is_tighter():
+    point = {**QUIET, "p10_us": 10.0, "p90_us": 16.0}
+    assert stability.reasons(point, "cpu") == [] and "over 1.5" in stability.reasons(point, "cuda")[0]
+
+
+def test_a_short_window_is_not_judged_on_ticks():
+    reading = {"window_s": 0.02, "other_cpu_s": 0.04, "cpus": 2}
+    assert stability.other_cores(reading) is None
+    assert stability.reasons({**QUIET, "interference": reading}, "cpu") == []
+
+
+def test_summary_counts_the_unstable():
+    points = [QUIET, {**QUIET, "unstable": ["x"]}, {"status": "checked"}]
+    s = stability.summary(points)
+    assert (s["points"], s["unstable"]) == (2, 1) and s["bounds"]["other_cpu_max_cores"] == 0.5
+
+
+TINY_CASE = """\
+schema_version: 1
+id: cheats
+title: "A tiny honest softmax"
+operator: softmax
+summary: "The honest variant of the cheats fixture, timed beside processes that burn every CPU."
+bottleneck: {kind: bandwidth, reasoning: "A few FLOPs per byte."}
+patterns: [fusion]
+boundaries: [{axis: shape, holds: "Tiny shapes.", breaks: "Never run on a GPU."}]
+transfers: [{operator: layernorm, why: "Same row reduction."}]
+kernel:
+  module: cheats
+  reference: reference
+  inputs: make_inputs
+  traffic: traffic
+  tensors: {x: [rows, cols], y: [rows, cols]}
+  baseline: honest
+  variants:
+    - {name: honest, fn: honest, note: "torch.softmax.", backends: [cpu]}
+levels:
+  kernel:
+    shapes: [{rows: 64, cols: 256}]
+    cpu_shapes: [{rows: 64, cols: 256}]
+    dtypes: [fp32]
+  workload:
+    description: "One small shape."
+    dtype: fp32
+    shapes: [{shape: {rows: 32, cols: 256}, weight: 1.0, source: "test"}]
+    cpu_shapes: [{shape: {rows: 32, cols: 256}, weight: 1.0, source: "test"}]
+  end_to_end:
+    description: "Softmax then a cumulative sum."
+    scenario: scenario
+    inputs: scenario_inputs
+    shape: {rows: 4, cols: 16}
+    cpu_shape: {rows: 4, cols: 16}
+    dtype: fp32
+    baseline: honest
+    variant: honest
+claims: []
+writeup: {gap: "None.", remaining_bottleneck: "None."}
+"""
+
+
+def test_a_run_beside_cpu_burners_marks_its_points(tmp_path, monkeypatch):
+    """One process per CPU spins while a tiny case runs (about 10 s): every timed point is marked
+    unstable, the summary counts them, and `check` would not publish the result. Robust to a loaded
+    machine: more load only adds to the burners'."""
+    path = tmp_path / "cases" / "cheats.yaml"
+    path.parent.mkdir()
+    path.write_text(TINY_CASE)
+    monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(CHEATS_DIR))
+    monkeypatch.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)
+        doc = run.run_case(path, ceilings=CEILINGS)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    timed = [p for p in doc["kernel_level"] + doc["workload_level"]["points"] if p.get("median_us")]
+    assert len(timed) == 2
+    for p in timed:
+        assert p["unstable"], p
+        assert any("other processes used" in why or "waited for a CPU" in why for why in p["unstable"]), p["unstable"]
+        assert p["threads"] >= 1 and p["interference"]["window_s"] > 0
+    assert doc["stability"]["unstable"] == doc["stability"]["points"] == 2
+    assert doc["environment"]["load_average_start"] and doc["environment"]["cpu_threads"] >= 1
+    assert any("unstable point(s)" in why for why in unpublishable(load_case(path), doc))
