@@ -25,6 +25,11 @@
 #   bash benchmarks/gpu_session.sh epilogue-case  # the ping-pong kernel's check, then gemm_epilogue
 #   bash benchmarks/gpu_session.sh grouped        # gemm_grouped alone
 #   bash benchmarks/gpu_session.sh tiled          # gemm_tiled alone
+#   bash benchmarks/gpu_session.sh xent           # cross_entropy: GPU-only tests (the split rows' barrier),
+#                                                 # then the committed run with ncu counters
+#                                                 # (needs the peers extra: pip install -e '.[peers]')
+#   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
+#                                                 # materialised or chunked, against Liger's fused one
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
 # run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
@@ -131,7 +136,22 @@ case "${1:-}" in
     run_case gemm_grouped 280 ;;
   tiled)
     run_case gemm_tiled 280 ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled" >&2; exit 2 ;;
+  xent)  # issue 31: cross_entropy's GPU-only tests (split rows meeting at a barrier, Liger on the GPU),
+         # then the committed run with counters. Predicted: ~1.5 min of tests, 5-7 min of run (16 points
+         # a variant; torch.compile pays a compile per shape); the run gets what is left of ~9.5 min
+    python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rung will be skipped (pip install -e '.[peers]')"
+    timeout 120 python3 -m pytest -q -x tests/kernels/test_cross_entropy_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case cross_entropy $((575 - SECONDS)) --counters ;;
+  xent-linear)  # the LM head and its loss without the harness (which records no peak memory): torch,
+                # the split kernel on materialised logits, Liger's fused linear cross-entropy, chunked
+                # split; Llama-3-8B's head at 8192 tokens, then Gemma-3's vocabulary. Predicted ~1 min
+    timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py > "$out/logs/linear_xent.txt" 2>&1
+    echo "linear xent: exit $?"
+    timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
+      >> "$out/logs/linear_xent.txt" 2>&1
+    echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

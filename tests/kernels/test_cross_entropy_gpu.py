@@ -1,0 +1,65 @@
+"""cross_entropy on a GPU: triton_split's rows split over programs that wait for each other at a row
+barrier (the interpreter runs programs one after another, so there it takes two launches instead), the
+autotuned chunk sizes, and the Triton launchers' loss. Skipped elsewhere; run on a GPU without
+TRITON_INTERPRET: `python3 -m pytest -q tests/kernels/test_cross_entropy_gpu.py`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs a GPU, not the interpreter")
+
+ROWS = (1, 37, 1031)  # one row; odd; a prime over a thousand (1031 x 300007 still fits a fp64 reference)
+VOCABS = (1000, 32000, 32001, 128256, 262144, 300007)  # one chunk; Llama-2; a ragged tail; Llama-3;
+# Gemma-3 (at most 64 chunks of 4K); a prime past 256K
+
+
+@pytest.fixture(scope="module")
+def mod():
+    from casebook.kernels import cross_entropy
+    return cross_entropy
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("fn", ["triton_split", "triton_two_sweep", "liger"])
+def test_variant_matches_reference(mod, fn, rows, vocab, dtype):
+    from casebook.check import TOLERANCE, check
+    if fn == "liger":
+        pytest.importorskip("liger_kernel", reason="liger-kernel is the `peers` extra")
+    c = check(getattr(mod, fn), mod.reference, mod.make_inputs, {"tokens": rows, "vocab": vocab}, dtype, "cuda",
+              [rows * 7 + vocab, rows * 7 + vocab + 1])
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("launcher", ["split_triton", "two_sweep_triton"])
+@pytest.mark.parametrize("rows,vocab,eps", [(37, 128256, 0.0), (512, 151936, 0.1), (3, 262144, 0.0)])
+def test_launcher_loss_matches_reference(mod, launcher, rows, vocab, eps):
+    from casebook.check import TORCH_DTYPES, upcast
+    inputs = mod.make_inputs({"tokens": rows, "vocab": vocab}, TORCH_DTYPES["bf16"], "cuda",
+                             torch.Generator().manual_seed(rows), eps)
+    inputs["target"][0] = 1
+    loss, grad = getattr(mod, launcher)(**inputs)
+    want = mod.reference_loss(**upcast(inputs))
+    assert abs(float(loss) - float(want)) <= 2e-2 * abs(float(want))
+    ref = mod.reference(**upcast(inputs))
+    assert float(torch.linalg.vector_norm(grad.double() - ref) / torch.linalg.vector_norm(ref)) <= 2e-2
+
+
+def test_split_called_again_and_again_keeps_its_barriers_consistent(mod):
+    # The barrier words are reused across launches (a generation per row); 50 calls on 64 rows, each
+    # checked, would hang or go wrong if a launch left a count behind.
+    from casebook.check import TORCH_DTYPES, upcast
+    inputs = mod.make_inputs({"tokens": 64, "vocab": 128256}, TORCH_DTYPES["bf16"], "cuda",
+                             torch.Generator().manual_seed(0))
+    ref = mod.reference(**upcast(inputs))
+    for _ in range(50):
+        grad = mod.triton_split(**inputs)
+    torch.cuda.synchronize()
+    assert float(torch.linalg.vector_norm(grad.double() - ref) / torch.linalg.vector_norm(ref)) <= 2e-2
