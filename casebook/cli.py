@@ -42,6 +42,22 @@ app = typer.Typer(
 CASES_DIR = Path("cases")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from casebook import __version__
+
+        typer.echo(f"casebook {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print casebook's version and exit.")] = False,
+) -> None:
+    """casebook: GPU operator-optimisation case studies whose entries run."""
+
+
 @app.command()
 def new(name: Annotated[str, typer.Argument(metavar="NAME", help="Case id: lower_snake_case.")]) -> None:
     """Scaffold a case YAML and a kernel module that validate and run on CPU out of the box."""
@@ -99,15 +115,36 @@ def schema(
 @app.command()
 def hardware(
     remeasure: Annotated[bool, typer.Option(help="Measure the ceilings again instead of using the cache.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the machine and its ceilings as JSON.")] = False,
 ) -> None:
     """Measured ceilings of this machine beside its datasheet peaks."""
     from casebook.commands import hardware as impl
 
-    raise typer.Exit(impl.main(remeasure=remeasure))
+    raise typer.Exit(impl.main(remeasure=remeasure, json_out=json_out))
+
+
+def argv_of(ctx: typer.Context) -> list[str]:
+    """The command line a parsed command stands for, every option that differs from its default kept:
+    what a result stores, so that its Reproduce command is the one that made it."""
+    out = ["casebook", ctx.info_name or ""]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if param.param_type_name == "argument":
+            out += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
+        elif param.param_type_name == "option" and value != param.default and value not in (None, (), []):
+            on = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+            if param.is_flag and param.secondary_opts:
+                out.append(on if value else param.secondary_opts[0])
+            elif param.is_flag:
+                out.append(on)
+            else:
+                out += [x for v in (value if param.multiple else [value]) for x in (on, str(v))]
+    return out
 
 
 @app.command()
 def run(
+    ctx: typer.Context,
     case: Annotated[Path, typer.Argument(metavar="CASE", help="The case YAML.")],
     variant: Annotated[Optional[list[str]], typer.Option(help="Only these variants (repeatable).")] = None,
     quick: Annotated[bool, typer.Option(help="Fewer repetitions: a smoke run, not a result to publish.")] = False,
@@ -126,7 +163,8 @@ def run(
     from casebook.commands import run as impl
 
     raise typer.Exit(impl.main(case, variants=variant, quick=quick, counters=counters, json_out=json_out,
-                               results_dir=results, timeout=timeout, save=save, force=force))
+                               results_dir=results, timeout=timeout, save=save, force=force,
+                               argv=argv_of(ctx)))
 
 
 @app.command()
@@ -148,11 +186,12 @@ def compare(
     b: Annotated[Path, typer.Argument(metavar="B.json", help="Another result of the same case.")],
     min_us: Annotated[float, typer.Option(help="Ignore points faster than this, in microseconds.")] = 20.0,
     within: Annotated[float, typer.Option(help="Tolerated relative change of a median.")] = 0.02,
+    across_machines: Annotated[bool, typer.Option(help="Compare results from two different machines.")] = False,
 ) -> None:
     """Run-to-run agreement: every point timed in both results, median against median."""
     from casebook.commands import compare as impl
 
-    raise typer.Exit(impl.main(a, b, min_us=min_us, within=within))
+    raise typer.Exit(impl.main(a, b, min_us=min_us, within=within, across_machines=across_machines))
 
 
 @app.command()

@@ -49,6 +49,8 @@ class CaseError(Exception):
         self.path, self.line, self.field, self.message, self.warning = str(path), line, field, message, warning
         self.errors: list[CaseError] = [self]
         """Every problem found in the file, this one first (a file can have several)."""
+        self.source: tuple[dict, Lines] | None = None
+        """The file's plain data and line map, when it parsed but did not validate (for the other checks)."""
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.field}: {'warning: ' * self.warning}{self.message}"
@@ -87,13 +89,16 @@ def read_case(path: str | Path) -> tuple[schema.Case, Lines]:
         case = schema.Case.model_validate(data)
     except ValidationError as e:
         # a default computed from a field that failed (a variant's fn from its name) repeats that error
-        errors = [_located(err, lines) for err in e.errors() if err["type"] != "default_factory_not_called"]
+        errors = [located for err in e.errors() if err["type"] != "default_factory_not_called"
+                  for located in _located_all(err, lines)]
     stem = Path(path).stem
     if isinstance(data.get("id"), str) and data["id"] != stem:
         errors.append(lines.error(("id",), f"id {data['id']!r} differs from the file name {Path(path).name!r}; "
                                            f"they must be equal"))
     if errors:
-        raise _first(_unique(errors))
+        first = _first(_unique(errors))
+        first.source = (data, lines)  # what the file holds, for the checks that need no valid case
+        raise first
     assert case is not None
     return case, lines
 
@@ -367,6 +372,16 @@ def _migrate(data: dict, lines: Lines) -> dict:
 
 _PREFIX = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*): (.*)$", re.S)
 _KEEP_LAST = {"missing", "union_tag_not_found", "union_tag_invalid"}
+
+
+def _located_all(err: dict, lines: Lines) -> list[CaseError]:
+    """One pydantic error as located problems: a cross-field check reports several, one per line."""
+    msg = str(err.get("msg", ""))
+    if err.get("type") == "value_error" and "\n" in msg:
+        prefix = "Value error, " if msg.startswith("Value error, ") else ""
+        parts = msg.removeprefix(prefix).split("\n")
+        return [_located({**err, "msg": prefix + part}, lines) for part in parts if part.strip()]
+    return [_located(err, lines)]
 
 
 def _located(err: dict, lines: Lines) -> CaseError:

@@ -376,39 +376,55 @@ class Case(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Case:
-        variants = {v.name for v in self.kernel.variants}
-        dims = {d for dims in self.kernel.tensors.values() for d in dims}
-
-        def need_variant(name: str, where: str) -> None:
-            if name not in variants:
-                raise ValueError(f"{where}: {name!r} is not a variant (have: {', '.join(sorted(variants))})")
-
-        def need_shape(shape: dict[str, int], where: str) -> None:
-            if set(shape) != dims:
-                raise ValueError(f"{where}: shape keys {sorted(shape)} differ from the tensors' dimensions "
-                                 f"{sorted(dims)}")
-            total = sum(_numel(t, shape) for t in self.kernel.tensors.values())
-            if total * 8 > MAX_DEVICE_BYTES:  # the widest dtype any case may use
-                raise ValueError(f"{where}: tensors at {shape} need {total * 8 / 2**30:.0f} GiB, more than any device")
-
-        lv = self.levels
-        for i, s in enumerate(lv.kernel.shapes):
-            need_shape(s, f"levels.kernel.shapes.{i}")
-        for i, s in enumerate(lv.kernel.cpu_shapes):
-            need_shape(s, f"levels.kernel.cpu_shapes.{i}")
-        if lv.kernel.counters_shape is not None:
-            need_shape(lv.kernel.counters_shape, "levels.kernel.counters_shape")
-        for i, w in enumerate(lv.workload.shapes):
-            need_shape(w.shape, f"levels.workload.shapes.{i}")
-        for i, w in enumerate(lv.workload.cpu_shapes):
-            need_shape(w.shape, f"levels.workload.cpu_shapes.{i}")
-        need_variant(lv.end_to_end.baseline, "levels.end_to_end.baseline")
-        need_variant(lv.end_to_end.variant, "levels.end_to_end.variant")
-        for i, c in enumerate(self.claims):
-            need_variant(c.variant, f"claims.{i}.variant")
-            if isinstance(c, SpeedupClaim):
-                need_variant(c.over, f"claims.{i}.over")
+        """Every cross-field problem at once, one `field: message` line each (the loader splits them)."""
+        problems = consistency_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
+
+
+def consistency_problems(case: Any) -> list[str]:
+    """`field: message` for every cross-field problem of a case: shape keys against the tensors' dimensions,
+    variant names in the levels and claims. Reads attributes only, so that `validate` can run it on the plain
+    data of a file whose other errors keep it from loading (every problem of a file in one pass)."""
+    problems: list[str] = []
+    variants = {v.name for v in case.kernel.variants}
+    lv = case.levels
+    shapes = [(f"levels.kernel.shapes.{i}", s) for i, s in enumerate(lv.kernel.shapes)]
+    shapes += [(f"levels.kernel.cpu_shapes.{i}", s) for i, s in enumerate(lv.kernel.cpu_shapes)]
+    if lv.kernel.counters_shape is not None:
+        shapes.append(("levels.kernel.counters_shape", lv.kernel.counters_shape))
+    shapes += [(f"levels.workload.shapes.{i}", w.shape) for i, w in enumerate(lv.workload.shapes)]
+    shapes += [(f"levels.workload.cpu_shapes.{i}", w.shape) for i, w in enumerate(lv.workload.cpu_shapes)]
+    keys = {k for _, s in shapes for k in s}
+    # A dimension named in `kernel.tensors` that no shape has is a wrong name where it stands.
+    unknown = {d for dims in case.kernel.tensors.values() for d in dims} - keys
+    for name, dims in case.kernel.tensors.items():
+        for d in dims:
+            if d in unknown:
+                problems.append(f"kernel.tensors.{name}: dimension {d!r} is in no shape (the shapes' keys: "
+                                f"{', '.join(sorted(keys))})")
+    dims = {d for ds in case.kernel.tensors.values() for d in ds} - unknown
+
+    def need_variant(name: str, where: str) -> None:
+        if name not in variants:
+            problems.append(f"{where}: {name!r} is not a variant (have: {', '.join(sorted(variants))})")
+
+    for where, shape in shapes:
+        if set(shape) != dims:
+            problems.append(f"{where}: shape keys {sorted(shape)} differ from the tensors' dimensions {sorted(dims)}")
+        elif not unknown:
+            total = sum(_numel(t, shape) for t in case.kernel.tensors.values())
+            if total * 8 > MAX_DEVICE_BYTES:  # the widest dtype any case may use
+                problems.append(f"{where}: tensors at {shape} need {total * 8 / 2**30:.0f} GiB, more than any "
+                                "device")
+    need_variant(lv.end_to_end.baseline, "levels.end_to_end.baseline")
+    need_variant(lv.end_to_end.variant, "levels.end_to_end.variant")
+    for i, c in enumerate(case.claims):
+        need_variant(c.variant, f"claims.{i}.variant")
+        if getattr(c, "kind", None) == "speedup":
+            need_variant(c.over, f"claims.{i}.over")
+    return problems
 
 
 def _numel(dims: list[str], shape: dict[str, int]) -> int:
@@ -522,6 +538,8 @@ class Result(Open):
     started_at: str = Field(description="UTC start time, ISO 8601.")
     finished_at: str = Field(description="UTC finish time, ISO 8601.")
     command: str = Field(description="The command that produced this result.")
+    argv: list[str] | None = Field(
+        default=None, description="The exact argument list of that command, every flag kept (absent in older results).")
 
 
 def dtype_bytes(dtype: str) -> float:

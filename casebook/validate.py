@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casebook import provenance
-from casebook.load import CaseError, Lines, read_case
-from casebook.schema import Case
+from casebook.load import CaseError, Lines, _located, read_case
+from casebook.paths import refusal
+from casebook.schema import Case, consistency_problems
 
 
 @dataclass
@@ -40,11 +41,14 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
     """Load every case under `paths` and check it against the book; never raises CaseError."""
     report = Report()
     report.files, report.problems = case_files(paths)
+    partial: list[tuple[Path, Raw, Lines]] = []
     for path in report.files:
         try:
             case, lines = read_case(path)
         except CaseError as e:
             report.problems += e.errors
+            if e.source is not None:  # it parsed: shapes, links and kernel names are still checked, in this pass
+                partial.append((path, Raw(e.source[0]), e.source[1]))
             continue
         except Exception as e:  # a bug in casebook: still a located line, never a traceback
             report.problems.append(CaseError(path, 1, "file",
@@ -58,11 +62,51 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
         report.problems += check_kernel(path, case, lines)
         report.problems += check_signatures(path, case, lines)
         if strict:
-            report.problems += check_cpu_path(case, lines)
+            report.problems += check_cpu_path(case, lines, path)
             report.problems += check_results(path, case, lines)
             report.problems += check_claims(path, case, lines)
             report.problems += check_scaffold(path, case)
+    for path, raw, lines in partial:
+        seen = {(p.path, p.line, p.field) for p in report.problems}
+        found: list[CaseError] = []
+        for check in (lambda: [_located_problem(m, lines) for m in consistency_problems(raw)],
+                      lambda: check_links(raw, lines, ids), lambda: check_kernel(path, raw, lines)):
+            try:
+                found += check()
+            except (TypeError, AttributeError, ValueError, KeyError):  # too broken for this check: the rest stand
+                continue
+        report.problems += [p for p in found if (p.path, p.line, p.field) not in seen]
+    # Each file's problems together (stable: the order of the checks otherwise); a file read in part, whose
+    # problems came from two passes over it, in line order.
+    order = {str(f): i for i, f in enumerate(report.files)}
+    again = {str(path) for path, _, _ in partial}
+    report.problems.sort(key=lambda p: (order.get(p.path, -1), p.line if p.path in again else 0))
     return report
+
+
+class Raw(dict):
+    """A case file's plain data read like a Case (attributes too), for the checks that run on a file whose
+    schema errors keep it from loading: a missing field reads as None, or empty where a Case has a default."""
+
+    _EMPTY = {"variants": [], "transfers": [], "claims": [], "shapes": [], "cpu_shapes": [], "tensors": {}}
+
+    def __init__(self, data: object):
+        super().__init__(data if isinstance(data, dict) else {})
+
+    def __getattr__(self, key: str) -> object:
+        value = self.get(key)
+        if value is None:
+            value = self._EMPTY.get(key)
+        if isinstance(value, dict):
+            return Raw(value)
+        if isinstance(value, list):
+            return [Raw(x) if isinstance(x, dict) else x for x in value]
+        return value
+
+
+def _located_problem(message: str, lines: Lines) -> CaseError:
+    """A cross-field `field: message` line as a located problem, as the loader locates the schema's own."""
+    return _located({"type": "value_error", "loc": (), "msg": f"Value error, {message}", "input": None}, lines)
 
 
 def case_files(paths: list[Path]) -> tuple[list[Path], list[CaseError]]:
@@ -73,14 +117,29 @@ def case_files(paths: list[Path]) -> tuple[list[Path], list[CaseError]]:
         if p.is_dir():
             found = sorted(f for f in p.glob("*.yaml") if not f.name.startswith("."))
             if not found:
-                errors.append(CaseError(p, 1, "file", "folder holds no case files (*.yaml)"))
+                errors.append(CaseError(p, 1, "file", f"folder {p.resolve()} holds no case files (*.yaml)"))
             for f in found:
                 files.setdefault(f.resolve(), f)
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             files.setdefault(p.resolve(), p)
         else:
-            errors.append(CaseError(p, 1, "file", "no such file or folder"))
-    return list(files.values()), errors
+            errors.append(CaseError(p, 1, "file", _missing(p)))
+    kept = []
+    for f in files.values():
+        why = refusal(f, Path(f).absolute().parent.parent)
+        if why:
+            errors.append(CaseError(f, 1, "file", why))
+        else:
+            kept.append(f)
+    return kept, errors
+
+
+def _missing(p: Path) -> str:
+    """Where a missing path was looked for, and what belongs there."""
+    where = p.absolute()
+    hint = ("run casebook in the book's root (the folder holding cases/ and casebook/kernels/), or name the "
+            "case files" if p == Path("cases") else "name a case file (cases/<id>.yaml) or a folder of them")
+    return f"no such file or folder (looked for {where}); {hint}"
 
 
 def book_root(path: Path) -> Path:
@@ -132,8 +191,13 @@ def check_links(case: Case, lines: Lines, ids: frozenset[str]) -> list[CaseError
 def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     """The kernel module exists and defines, at top level, every function the case names."""
     module = case.kernel.module
+    if not isinstance(module, str):
+        return []
     source = provenance.kernel_path(module, kernels_dir(path))
     shown = f"casebook/kernels/{module}.py"
+    why = refusal(source, source.parent) if source.exists() or source.is_symlink() else None
+    if why:
+        return [lines.error(("kernel", "module"), f"{shown} {why}")]
     if not source.is_file():
         return [lines.error(("kernel", "module"), f"no kernel module {shown}")]
     names = top_level_names(source)
@@ -147,7 +211,7 @@ def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     wanted += [(("levels", "end_to_end", "scenario"), e2e.scenario), (("levels", "end_to_end", "inputs"), e2e.inputs)]
     errors = []
     for loc, name in wanted:
-        if name not in names:
+        if isinstance(name, str) and name not in names:
             close = difflib.get_close_matches(name, sorted(names), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             errors.append(lines.error(loc, f"{name!r} is not defined at the top level of {shown}{hint}"))
@@ -197,7 +261,7 @@ def check_signatures(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     are not judged.
     """
     source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
-    if not source.is_file():
+    if not source.is_file() or refusal(source, source.parent):  # check_kernel reports it
         return []
     st = source.stat()
     sigs = _signatures(str(source), st.st_mtime_ns, st.st_size)
@@ -277,7 +341,8 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
                 errors.append(CaseError(path, i, "scaffold", f"still holds the scaffold's placeholder ({mark!r}); "
                                                              "write your case's own"))
     source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
-    text = source.read_text(encoding="utf-8", errors="replace") if source.is_file() else ""
+    readable = source.is_file() and not refusal(source, source.parent)  # check_kernel reports a refused one
+    text = source.read_text(encoding="utf-8", errors="replace") if readable else ""
     if SCAFFOLD_KERNEL in text:
         line = text[: text.index(SCAFFOLD_KERNEL)].count("\n") + 1
         errors.append(CaseError(path, 1, "scaffold", f"casebook/kernels/{case.kernel.module}.py:{line} still is the "
@@ -285,15 +350,23 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
     return errors
 
 
-def check_cpu_path(case: Case, lines: Lines) -> list[CaseError]:
-    """Warn when a variant runs only on CUDA: nobody without a GPU can check it."""
-    return [
-        lines.error(("kernel", "variants", i, "backends"),
-                    f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only "
-                    "machines", warning=True)
-        for i, v in enumerate(case.kernel.variants)
-        if "cuda" in v.backends and not {"cpu", "interpreter"} & set(v.backends)
-    ]
+def check_cpu_path(case: Case, lines: Lines, path: Path | None = None) -> list[CaseError]:
+    """Warn when a variant runs only on CUDA: nobody without a GPU can check it. A torch.compile variant is
+    told that Inductor compiles for a CPU too, so `cpu` is the fix, not a reason."""
+    source = provenance.kernel_path(case.kernel.module, kernels_dir(path)) if path else None
+    text = source.read_text(encoding="utf-8", errors="replace") if source and source.is_file() and not refusal(
+        source, source.parent) else ""
+    out = []
+    for i, v in enumerate(case.kernel.variants):
+        if "cuda" not in v.backends or {"cpu", "interpreter"} & set(v.backends):
+            continue
+        message = (f"variant {v.name!r} runs only on cuda; add `cpu` or `interpreter` so it is checked on CPU-only "
+                   "machines")
+        if "torch.compile" in text and "compile" in f"{v.name} {v.fn}":
+            message = (f"variant {v.name!r} runs only on cuda, but torch.compile's Inductor also compiles for a CPU "
+                       "(C++/OpenMP): add `cpu` to its backends so that it is checked and timed there")
+        out.append(lines.error(("kernel", "variants", i, "backends"), message, warning=True))
+    return out
 
 
 def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
@@ -306,6 +379,10 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     errors = []
     for result in stored:
         shown = result.relative_to(root).as_posix()
+        why = refusal(result, root / "results") or refusal(result.parent, root / "results")
+        if why:
+            errors.append(CaseError(path, 1, "results", f"{shown} {why}"))
+            continue
         try:
             doc = json.loads(result.read_bytes())
             reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
@@ -402,12 +479,12 @@ def missed_claims(doc: dict) -> list[str]:
 
 
 def check_claims(path: Path, case: Case, lines: Lines) -> list[CaseError]:
-    """Warn when a case with results claims nothing, or a claim is scoped to machines with no stored result."""
+    """A case claims something (review requires at least one claim); warn when a claim is scoped to machines
+    with no stored result."""
     ran = {p.parent.name for p in (book_root(path) / "results").glob(f"*/{case.id}.json")}
     if not case.claims:
-        return [lines.error(("claims",), "no claims: the run checks nothing against its measurements; now that "
-                                         "there are results, add at least one (kinds: regime, roof_fraction, "
-                                         "throughput, speedup)", warning=True)] if ran else []
+        return [lines.error(("claims",), "no claims: the run checks nothing against its measurements; review "
+                                         "requires at least one (kinds: regime, roof_fraction, throughput, speedup)")]
     return [lines.error(("claims", i, "hardware"),
                         f"claim is scoped to {', '.join(c.hardware)}, which has no results/<hardware>/{case.id}.json: "
                         "it is never checked until the case runs there", warning=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -73,6 +74,10 @@ class Watch:
 def book_site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser")
     cases = copy_cases(tmp / "cases")
+    # A case of an operator the softmax case transfers to: the transfer graph must link the two.
+    softmax = (cases / "softmax_fusion.yaml").read_text()
+    (cases / "rms_fixture.yaml").write_text(softmax.replace("\nid: softmax_fusion\n", "\nid: rms_fixture\n")
+                                            .replace("\noperator: softmax\n", "\noperator: rmsnorm\n"))
     results = copy_results(tmp / "results", cases)
     assert build_site(cases, results, tmp / "site", tmp / "plots") == 0
     server, base = serve(tmp / "site")
@@ -191,3 +196,49 @@ def test_a_script_in_a_case_never_runs(browser, make_case, tmp_path):
         server.shutdown()
     assert not watch.dialogs, watch.dialogs
     assert not watch.offhost, watch.offhost
+
+
+def test_the_home_page_shows_a_card_per_case_and_the_atlas(watched):
+    context, watch, base, book = watched
+    page = watch.page(context)
+    page.goto(f"{base}/")
+    cards = page.locator(".cb-home-cards li")
+    assert cards.count() == len(book.entries)
+    assert f"The book: {len(book.entries)} cases" in page.locator("article").inner_text()
+    softmax = page.locator(".cb-home-cards li:has(a[href='cases/softmax_fusion/'])").inner_text()
+    assert re.search(r"\d+% of roof, \d+\.\d\d× over the baseline on nvidia-h200", softmax), softmax
+    atlas = page.locator('article img[src*="img/atlas/"]').first
+    atlas.scroll_into_view_if_needed()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=atlas.element_handle(), timeout=10_000)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(400)
+    page.screenshot(path=str(SCREENS / "home.png"), full_page=True)
+
+
+def test_each_roofline_has_its_machines_caption_and_its_own_roof_labels(watched):
+    context, watch, base, _ = watched
+    page = watch.page(context)
+    page.goto(f"{base}/cases/softmax_fusion/")
+    captions = page.locator(".cb-measured-shapes").all_inner_texts()
+    gpu = next(c for c in captions if "NVIDIA H200" in c)
+    cpu = next(c for c in captions if "NVIDIA" not in c)
+    assert "rows 32768 × cols 4096" in gpu and "rows 32768 × cols 4096" not in cpu
+    svg = page.request.get(page.locator('img[src*="nvidia-h200-roofline"]').get_attribute("src", timeout=5_000)
+                           .replace("../../", f"{base}/")).text()
+    labels = re.findall(r">([^<>]+)</text>", svg)
+    # bf16 and fp16 measured different ceilings: each has its own label with its own number
+    for dtype in ("bf16", "fp16"):
+        assert any(re.fullmatch(rf"{dtype} [\d,.]+", t) for t in labels), dtype
+
+
+def test_the_transfer_graph_links_an_operator_to_the_cases_of_it(watched):
+    context, watch, base, _ = watched
+    page = watch.page(context)
+    page.add_init_script("""const attach = Element.prototype.attachShadow;
+        Element.prototype.attachShadow = function (init) { return attach.call(this, {...init, mode: 'open'}); };""")
+    page.goto(f"{base}/browse/transfers/")
+    row = page.locator("tr", has_text="rmsnorm").first
+    assert row.locator('a[href*="cases/rms_fixture/"]').count() == 1  # "Shown by" the rmsnorm case
+    page.locator(".mermaid svg").first.wait_for(timeout=20_000)
+    labels = page.locator(".mermaid svg").first.text_content()
+    assert "shown by" in labels and "rms_fixture" in labels

@@ -43,6 +43,8 @@ def serve(port: int = 8000) -> int:
     from mkdocs.commands.serve import serve as mkdocs_serve
 
     os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")
+    print(f"serving the site at http://127.0.0.1:{port}/ (rebuilt when docs, cases, results or kernels change; "
+          "Ctrl-C stops)", flush=True)
     try:
         mkdocs_serve(config_file=str(_config_file()), dev_addr=f"127.0.0.1:{port}", livereload=True)
     except KeyboardInterrupt:

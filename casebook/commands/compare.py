@@ -123,8 +123,21 @@ def show(out: Console, first: Result, second: Result, names: tuple[str, str], mi
     return ag
 
 
-def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
-    """0 when every shared point above `min_us` agrees within `within`, 1 when one does not, 2 on bad input."""
+def machine_line(label: str, path: Path, r: Result) -> str:
+    """`A: results/x.json: NVIDIA H200 (nvidia-h200), 2026-12-01T10:00:00+00:00; ceilings: copy 4,246 GB/s, ...`."""
+    hw = r.hardware or {}
+    m = hw.get("measured") or {}
+    roofs = [f"copy {m['copy_gbps']:,.0f} GB/s"] if isinstance(m.get("copy_gbps"), (int, float)) else []
+    roofs += [f"{d} {v:,.0f} TFLOP/s" if v >= 100 else f"{d} {v:.3g} TFLOP/s"
+              for d, v in (m.get("matmul_tflops") or {}).items() if isinstance(v, (int, float))]
+    roofs += [f"launch {m['launch_us']:.3g} us"] if isinstance(m.get("launch_us"), (int, float)) else []
+    return (f"{label}: {path}: {hw.get('name') or '?'} ({hw.get('slug') or '?'}), {r.started_at}; "
+            f"ceilings: {', '.join(roofs) or 'none stored'}")
+
+
+def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02, across_machines: bool = False) -> int:
+    """0 when every shared point above `min_us` agrees within `within`, 1 when one does not, 2 on bad input
+    (and when the two results come from different machines, unless `across_machines`)."""
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
     try:
         first, second = results.load(a), results.load(b)
@@ -134,4 +147,15 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02) -> int:
     if first.case_id != second.case_id:
         out.print(Text(f"{a} is case {first.case_id!r}, {b} is {second.case_id!r}: nothing to compare", style="red"))
         return 2
+    out.print(machine_line("A", a, first))
+    out.print(machine_line("B", b, second))
+    slugs = [(r.hardware or {}).get("slug") for r in (first, second)]
+    if slugs[0] != slugs[1]:
+        if not across_machines:
+            out.print(Text(f"the two results come from different machines ({slugs[0]} and {slugs[1]}): their times "
+                           "differ by the machine, not by run-to-run noise; pass --across-machines to compare "
+                           "them anyway", style="red"))
+            return 2
+        out.print(Text(f"different machines ({slugs[0]} and {slugs[1]}): a move below is the machine's",
+                       style="yellow"))
     return 1 if show(out, first, second, (a.name, b.name), min_us, within).moved else 0

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 from rich.console import Console
 from rich.table import Table
 
 
-def main(remeasure: bool) -> int:
+def main(remeasure: bool, json_out: bool = False) -> int:
     from casebook import hardware
 
     ident = hardware.identify()
     measured = hardware.ceilings(remeasure=remeasure)
     sheet = ident.get("datasheet") or {}
+    if json_out:  # what a result stores under `hardware`: the machine, its datasheet, its measured ceilings
+        print(json.dumps({**ident, "measured": measured}, indent=2, default=str))
+        return 0
     t = Table(title=f"{ident['name']} ({ident['slug']})", title_justify="left", header_style="bold")
     for col in ("ceiling", "measured", "datasheet", "measured / datasheet"):
         t.add_column(col, justify="left" if col == "ceiling" else "right")

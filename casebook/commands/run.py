@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,9 +23,10 @@ STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed
 
 
 def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float, save: bool = False, force: bool = False) -> int:
+         timeout: float, save: bool = False, force: bool = False, argv: list[str] | None = None) -> int:
     """Run, keep the run under the cache's runs folder, compare it with the stored result for this machine;
-    with `save`, also store it in `results_dir` (`casebook.commands.record`)."""
+    with `save`, also store it in `results_dir` (`casebook.commands.record`). `argv`, the command line as
+    parsed, is stored with the run (every flag kept, for the page's Reproduce)."""
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, load_case
 
@@ -71,6 +74,8 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
         from casebook import counters as counters_mod
 
         doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: console.print(msg, highlight=False))
+    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
+        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
     path = results.save_as(doc, kept[0] if kept else results.run_path(results.runs_dir(), doc))
     if json_out:
         out.print_json(json.dumps(doc))
@@ -112,35 +117,73 @@ def _fmt(v, spec: str, missing: str = "-") -> str:
 
 
 def _regime(p: dict) -> str:
-    if p.get("regime") == "launch" and host_bound(p.get("host_issue_us"), p.get("floor_us")):
-        return "launch (host)"
-    return p.get("regime") or "-"
+    """Which roof binds the point, and how far below it the point is ("bandwidth roof, 480x below")."""
+    regime = p.get("regime")
+    if not regime:
+        return "-"
+    if regime == "launch" and host_bound(p.get("host_issue_us"), p.get("floor_us")):
+        regime = "launch (host)"
+    frac = p.get("roof_fraction")
+    if isinstance(frac, (int, float)) and 0 < frac < 0.5:
+        return f"{regime} roof, {1 / frac:.0f}x below"
+    return f"{regime} roof"
+
+
+def _rate(x, unit: str, base: float) -> str:
+    """A rate in the unit that fits it (GFLOP/s on a CPU, not 0.0000210 TFLOP/s)."""
+    if not isinstance(x, (int, float)) or x <= 0:
+        return "-"
+    v = x * base
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= scale:
+            return f"{v / scale:.3g} {prefix}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def _status(p: dict) -> str:
+    """The status, with its reason where it was not timed (`skipped: no backend of ['cuda'] here`)."""
+    status = p.get("status", "?")
+    style = STATUS_STYLE.get(status, "")
+    why = p.get("error") if status not in ("ok", "checked") else None
+    shown = f"{status}: {why}" if why else status
+    shown = shown if len(shown) <= 60 else shown[:59] + "…"
+    return f"[{style}]{escape(shown)}[/]" if style else escape(shown)
 
 
 def _points_table(title: str, points: list[dict], weighted: bool = False) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("variant", "shape", "dtype", "median us", "p10-p90 us", "GB/s", "TFLOP/s", "% roof", "regime",
-                "speedup", "rel err", "status") + (("weight",) if weighted else ()):
-        t.add_column(col, justify="left" if col in ("variant", "shape", "dtype", "regime", "status") else "right")
+    for col in ("variant", "shape", "dtype", "median us", "p10-p90 us", "bandwidth", "compute", "% roof",
+                "binding roof", "speedup", "rel err", "status") + (("weight",) if weighted else ()):
+        t.add_column(col, justify="left" if col in ("variant", "shape", "dtype", "binding roof", "status") else "right")
     for p in points:
-        status = p.get("status", "?")
         t.add_row(p["variant"], shape_label(p["shape"]), p["dtype"], _fmt(p.get("median_us"), ".1f"),
                   f"{p['p10_us']:.1f}-{p['p90_us']:.1f}" if p.get("p10_us") else "-",
-                  _fmt(p.get("gbps"), ".0f"), _fmt(p.get("tflops"), ".2f"),
-                  _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".0f"), _regime(p),
-                  _fmt(p.get("speedup"), ".2f"), _fmt(p.get("max_rel_err"), ".1e"),
-                  f"[{STATUS_STYLE.get(status, '')}]{status}[/]"
-                  + (" [yellow]unstable[/]" if p.get("unstable") else ""),
+                  _rate(p.get("gbps"), "B/s", 1e9), _rate(p.get("tflops"), "FLOP/s", 1e12),
+                  _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".1f"), _regime(p),
+                  _fmt(p.get("speedup"), ".2f"),
+                  _fmt(p.get("max_rel_err"), ".1e") if p.get("status") in ("ok", "checked") else "-",
+                  _status(p) + (" [yellow]unstable[/]" if p.get("unstable") else ""),
                   *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
     return t
+
+
+def _regressions(row: dict, points: list[dict]) -> str:
+    """Shapes slower than the baseline, and the shapes never timed: 'none' only when every shape ran."""
+    slower = ", ".join(shape_label(r) for r in row.get("regressions", []))
+    mine = [p for p in points if p.get("variant") == row.get("variant")]
+    untimed = [p for p in mine if p.get("status") not in ("ok", "checked")]
+    if not untimed:
+        return slower or "none"
+    kinds = ", ".join(sorted({str(p.get("status")) for p in untimed}))
+    return f"{len(untimed)} of {len(mine)} shapes not timed ({kinds})" + (f"; slower at {slower}" if slower else "")
 
 
 def report(doc: dict) -> None:
     hw = doc["hardware"]
     m = hw["measured"]
-    out.print(f"[bold]{doc['case_id']}[/bold] on {hw['name']} ({hw['slug']}): copy {m['copy_gbps']:.0f} GB/s, "
-              f"launch {m['launch_us']:.1f} us, matmul " +
-              ", ".join(f"{k} {v:.1f}" for k, v in m["matmul_tflops"].items()) + " TFLOP/s (measured)")
+    out.print(f"[bold]{escape(doc['case_id'])}[/bold] on {escape(hw['name'])} ({hw['slug']}): copy "
+              f"{_rate(m['copy_gbps'], 'B/s', 1e9)}, launch {m['launch_us']:.1f} us, matmul " +
+              ", ".join(f"{k} {_rate(v, 'FLOP/s', 1e12)}" for k, v in m["matmul_tflops"].items()) + " (measured)")
     out.print(_points_table("Level 1: the single-kernel limit", doc["kernel_level"]))
     first = [f"{v['name']} {v['first_call_s']:.3g} s (max {v['first_call_s_max']:.3g} s)"
              for v in doc["variants"] if v.get("first_call_s") is not None]
@@ -154,10 +197,10 @@ def report(doc: dict) -> None:
     for row in w["summary"]:
         s.add_row(row["variant"], _fmt(row.get("geomean_speedup"), ".2f"), _fmt(row.get("worst_speedup"), ".2f"),
                   shape_label(row["worst_shape"]) if row.get("worst_shape") else "-",
-                  ", ".join(shape_label(r) for r in row.get("regressions", [])) or "none")
+                  _regressions(row, w["points"]))
     out.print(s)
     e = doc["end_to_end"]
-    line = f"[bold]Level 3[/bold] {e['baseline']} -> {e['variant']}: {e.get('status')}"
+    line = f"[bold]Level 3[/bold] {e.get('baseline', '-')} -> {e.get('variant', '-')}: {e.get('status')}"
     if e.get("kernel_share") is not None:
         line += f"; kernel share of baseline {e['kernel_share']:.1%}"
     if e.get("measured_speedup") is not None:

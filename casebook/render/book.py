@@ -7,6 +7,7 @@ from pathlib import Path
 
 from casebook import provenance
 from casebook.load import load_case
+from casebook.paths import refusal
 from casebook.results import load as load_result
 from casebook.roofline import ceilings_apart
 from casebook.schema import Case, Result
@@ -17,9 +18,12 @@ class BookError(ValueError):
 
 
 def kernel_source(module: str) -> str | None:
-    """The kernel module as text (never imported), or None when the file is missing."""
+    """The kernel module as text (never imported), or None when the file is missing or not the book's own
+    (a symlink, or outside the kernels folder: `load_book` has refused such a book already)."""
     path = provenance.kernel_path(module)
-    return path.read_text(encoding="utf-8") if path.is_file() else None
+    if not path.is_file() or refusal(path, provenance.KERNELS_DIR):
+        return None
+    return path.read_text(encoding="utf-8")
 
 
 @dataclass
@@ -86,6 +90,10 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
     entries: list[Entry] = []
     errors: list[str] = []
     for path in sorted(cases_dir.glob("*.yaml")):
+        why = refusal(path, cases_dir)
+        if why:
+            errors.append(f"{path}: {why}")
+            continue
         try:
             case = load_case(path)
         except Exception as err:  # the loader's message names the file and line
@@ -94,11 +102,19 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
         if case.id != path.stem:
             errors.append(f"{path}: id {case.id!r} differs from the file stem {path.stem!r}")
             continue
+        module = provenance.kernel_path(case.kernel.module)
+        why = refusal(module, provenance.KERNELS_DIR) if module.exists() or module.is_symlink() else None
+        if why:
+            errors.append(f"{path}: kernel module casebook/kernels/{module.name} {why}")
+            continue
         entries.append(Entry(case, path))
     if errors:
         raise BookError("invalid case(s):\n" + "\n".join(errors))
     book = Book(entries)
     for path in sorted(results_dir.glob("*/*.json")) if results_dir.is_dir() else []:
+        why = refusal(path, results_dir) or refusal(path.parent, results_dir)
+        if why:
+            raise BookError(f"{path}: {why}")
         _attach(book, path)
     for entry in book.entries:  # GPUs first, then by name: the machine the case is about leads
         entry.results.sort(key=lambda r: (r.result.hardware.get("kind") != "gpu", r.slug))

@@ -122,6 +122,7 @@ def best_variant(entry: Entry, stored: StoredResult) -> str | None:
 
 def atlas(hardware_name: str, pairs: list[tuple[Entry, StoredResult]]) -> dict | None:
     points = []
+    used: list[Point] = []
     hw = None
     for entry, stored in pairs:
         best = best_variant(entry, stored)
@@ -131,10 +132,12 @@ def atlas(hardware_name: str, pairs: list[tuple[Entry, StoredResult]]) -> dict |
         for p in stored.result.kernel_level:
             if p.variant == best and p.status == "ok" and _pos(p.arithmetic_intensity) and _pos(p.tflops):
                 points.append({"case": entry.id, "variant": best, "ai": p.arithmetic_intensity, "tflops": p.tflops})
+                used.append(p)
     if not points:
         return None
-    return {"hardware": plain(hardware_name), "points": points, "measured": measured_roofs(hw),
-            "datasheet": datasheet_roofs(hw)}
+    # The roofs of the dtypes the points were measured in: a ceiling no point uses is clutter here.
+    return {"hardware": plain(hardware_name), "points": points, "measured": measured_roofs(hw, used),
+            "datasheet": datasheet_roofs(hw, {p.dtype for p in used})}
 
 
 def ceilings(hardware_name: str, hw: dict) -> dict:

@@ -66,6 +66,7 @@ def on_files(files: Files, config) -> Files:
     book: Book = _state["book"]
     _, _, cache = _dirs(config)
     generated = site.plan(book, repo=ROOT)
+    _state["home"] = generated.home
     for path, markdown in generated.pages.items():
         files.append(File.generated(config, path, content=markdown))
     workers = int(os.environ.get("CASEBOOK_WORKERS", "0")) or None
@@ -73,6 +74,13 @@ def on_files(files: Files, config) -> Files:
                                workers).items():
         files.append(File.generated(config, path, content=svg))
     return files
+
+
+def on_page_markdown(markdown: str, page, config, files):
+    """The home page shows the book: docs/index.md's marker becomes the generated cards and atlas."""
+    if page.file.src_uri == "index.md" and site.HOME_MARKER in markdown:
+        return markdown.replace(site.HOME_MARKER, _state.get("home", ""))
+    return markdown
 
 
 def on_serve(server, config, builder):

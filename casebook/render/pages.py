@@ -33,8 +33,8 @@ def env() -> jinja2.Environment:
         autoescape=True, finalize=_finalize, trim_blocks=True, lstrip_blocks=False,
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
     )
-    e.filters.update(ident=_ident, shell=_shell, num=text.num, pct=text.pct, times=text.times, us=text.us,
-                     shape=text.shape, shape_short=text.shape_short)
+    e.filters.update(ident=_ident, shell=_shell, safe_url=text.safe_url, num=text.num, pct=text.pct,
+                     times=text.times, us=text.us, shape=text.shape, shape_short=text.shape_short)
     return e
 
 
@@ -58,11 +58,14 @@ def render(template: str, **context) -> str:
     return env().get_template(f"site-{template}.md.j2").render(**context)
 
 
-def front_matter(title: str, **extra) -> Markup:
-    """YAML front matter written by the YAML dumper (never by string pasting); the title HTML-escaped,
-    because the theme prints it into <title> and the navigation without escaping."""
-    return Markup(yaml.safe_dump({"title": html.escape(text.plain(title)), **extra}, allow_unicode=True,
-                                 sort_keys=False).strip())
+def front_matter(title: str, description: str | None = None, **extra) -> Markup:
+    """YAML front matter written by the YAML dumper (never by string pasting); the title and the
+    description HTML-escaped, quotes included, because the theme prints them into <title>, the
+    navigation and <meta name="description" content="..."> without escaping."""
+    fields = {"title": html.escape(text.plain(title))}
+    if description is not None:
+        fields["description"] = html.escape(text.plain(description), quote=True)
+    return Markup(yaml.safe_dump({**fields, **extra}, allow_unicode=True, sort_keys=False).strip())
 
 
 # --- the case page ---------------------------------------------------------------------------
@@ -94,9 +97,8 @@ def case_page(entry: Entry, book: Book, images: dict[tuple[str, str], str]) -> s
         claims=_claims(entry, machines),
         counters=any(m.counters for m in machines),
         notes=text.markdown_html(c.writeup.notes) if c.writeup.notes.strip() else None,
-        source=Markup(_indent(source, 4)) if source is not None else None,
+        source=text.code_html(source) if source is not None else None,
         source_lines=source.count("\n") + 1 if source else 0,
-        fence=Markup("`" * max(3, _longest_run(source or "", "`") + 1)),
     )
 
 
@@ -122,15 +124,6 @@ def _claims(entry: Entry, machines: list[views.Machine]) -> list[dict]:
             outcomes.append({"mark": mark, "word": word, "css": css, "detail": found["detail"]})
         rows.append({"text": claim.text, "outcomes": outcomes})
     return rows
-
-
-def _indent(source: str, n: int) -> str:
-    pad = " " * n
-    return "\n".join(pad + line if line.strip() else "" for line in source.splitlines())
-
-
-def _longest_run(s: str, ch: str) -> int:
-    return max((len(m) for m in re.findall(f"{re.escape(ch)}+", s)), default=0)
 
 
 # --- ways in ---------------------------------------------------------------------------------
@@ -206,15 +199,21 @@ def claims(book: Book) -> str:
                   open=[r for r in rows if not r["held"]], held=[r for r in rows if r["held"]])
 
 
+def shown_by(book: Book, source: Entry, t) -> list[Entry]:
+    """The cases that show a transfer: the one it names, else every other case of its operator in the book."""
+    if t.case and book.get(t.case):
+        return [book.get(t.case)]
+    return [e for e in book.entries if e.case.operator == t.operator and e.id != source.id]
+
+
 def transfers(book: Book) -> str:
     page = links.TRANSFERS
     rows = []
     for e in book.entries:
         for t in e.case.transfers:
-            target = book.get(t.case) if t.case else None
             rows.append({"case": views.case_row(e, page), "operator": t.operator, "why": t.why,
                          "operator_url": links.rel(page, links.BY_OPERATOR, t.operator),
-                         "target": views.case_row(target, page) if target else None})
+                         "targets": [views.case_row(x, page) for x in shown_by(book, e, t)]})
     return render("transfers", front_matter=front_matter("Transfer graph"), rows=rows,
                   graph=Markup(mermaid_graph(book)))
 
@@ -225,6 +224,7 @@ def mermaid_graph(book: Book) -> str:
     ops: dict[str, str] = {}
     for e in book.entries:
         lines.append(f'  c_{e.id}(["{_mermaid_label(e.id)}"]):::case')
+    shown: set[tuple[str, str]] = set()
     for e in book.entries:
         for t in e.case.transfers:
             if t.case and book.get(t.case):
@@ -235,6 +235,10 @@ def mermaid_graph(book: Book) -> str:
                 ops[key] = f"o{len(ops)}"
                 lines.append(f'  {ops[key]}["{_mermaid_label(t.operator)}"]:::operator')
             lines.append(f"  c_{e.id} --> {ops[key]}")
+            for x in shown_by(book, e, t):  # the operator's own cases: where the transfer is already shown
+                if (ops[key], x.id) not in shown:
+                    shown.add((ops[key], x.id))
+                    lines.append(f"  {ops[key]} -. shown by .-> c_{x.id}")
     lines.append("  classDef case fill:#e8f0fe,stroke:#3f51b5,color:#1a237e")
     lines.append("  classDef operator fill:#fff8e1,stroke:#b28704,color:#4e3b00")
     return "\n".join(lines)
@@ -264,6 +268,19 @@ def atlas(book: Book, images: dict[str, str]) -> str:
     return render("atlas", front_matter=front_matter("Atlas"), machines=machines)
 
 
+def home(book: Book, images: dict[str, str]) -> str:
+    """The book on the home page: how many cases, a card per case with its headline number, the atlas of
+    the first machine (GPUs first) that has one. A fragment for docs/index.md, relative to it."""
+    page = "index.md"
+    atlas_of = next(((slug, results) for slug, results in book.hardware().items() if slug in images), None)
+    atlas_view = None
+    if atlas_of:
+        slug, results = atlas_of
+        atlas_view = {"name": results[0].hardware_name, "image": links.rel(page, images[slug]),
+                      "url": links.rel(page, links.ATLAS, slug)}
+    return render("home", cases=[views.case_row(e, page) for e in book.entries], atlas=atlas_view)
+
+
 def hardware(book: Book, images: dict[str, str]) -> str:
     page = links.HARDWARE
     machines = []
@@ -272,11 +289,9 @@ def hardware(book: Book, images: dict[str, str]) -> str:
         hw = latest.result.hardware
         machines.append({"name": latest.hardware_name, "slug": slug, "anchor": links.anchor(slug),
                          "kind": hw.get("kind") or "–",
-                         "rows": _ceiling_rows(hw, [r.result.hardware for r in results]),
+                         "rows": _ceiling_rows(hw, [r.result.hardware for r in results], latest.result.environment),
                          **_source((hw.get("datasheet") or {}).get("source")),
-                         "environment": views._items({k: latest.result.environment.get(k) for k in
-                                                      ("device_name", "sm_count", "driver", "cuda", "torch",
-                                                       "triton", "python", "platform")}),
+                         "environment": views._items(_environment(latest.result.environment)),
                          "date": latest.result.started_at, "cases": len(results),
                          "image": links.rel(page, images[slug]) if slug in images else None})
     return render("hardware", front_matter=front_matter("Hardware"), machines=machines)
@@ -290,7 +305,21 @@ def _source(source: object) -> dict:
     return {"source_url": None, "source_note": " ".join(words)}
 
 
-def _ceiling_rows(hw: dict, every: list[dict]) -> list[dict]:
+def _environment(env: dict) -> dict:
+    """What the hardware page shows of a run's environment; the driver under the name the run stored it
+    by (`driver_version`, or `driver` in older results)."""
+    keys = {"device_name": "device_name", "cpu": "cpu", "cpu_count": "cpu_count", "sm_count": "sm_count",
+            "memory_gb": "memory_gb", "driver": ("driver_version", "driver"), "cuda": "cuda", "torch": "torch",
+            "triton": "triton", "python": "python", "platform": "platform"}
+    out = {}
+    for shown, stored in keys.items():
+        value = next((env.get(k) for k in ((stored,) if isinstance(stored, str) else stored) if env.get(k)), None)
+        if value is not None or shown in ("driver", "cuda"):
+            out[shown] = value
+    return out
+
+
+def _ceiling_rows(hw: dict, every: list[dict], environment: dict | None = None) -> list[dict]:
     """The latest result's ceilings beside their datasheet peaks, and the range each took over every stored
     result of the machine (a ceiling is measured once per run, and a GPU's clock moves with its load)."""
     d = hw.get("datasheet") or {}
@@ -302,8 +331,9 @@ def _ceiling_rows(hw: dict, every: list[dict]) -> list[dict]:
                  ("CUDA-graph launch", "µs", ("graph_launch_us", ), None)]
     rows = [_ceiling(what, unit, _measured(hw, key), peak, [_measured(h, key) for h in every])
             for what, unit, key, peak in ceilings]
-    if d.get("l2_mb"):
-        rows.append(_ceiling("L2 cache", "MB", None, d.get("l2_mb"), []))
+    l2 = (environment or {}).get("l2_mb")  # the device reports its L2 size: recorded by the run
+    if d.get("l2_mb") or l2:
+        rows.append(_ceiling("L2 cache (size the device reports)", "MB", l2, d.get("l2_mb"), []))
     return rows
 
 

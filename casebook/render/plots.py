@@ -95,11 +95,13 @@ def _tflops_fmt(y: float, _pos: int) -> str:
 
 
 def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str, labels: bool = True,
-           avoid: list[float] = ()) -> None:
+           avoid: list[float] = (), short: bool = True) -> None:
     """Bandwidth slope and one compute ceiling per distinct value, from x_lo to x_hi.
 
     Measured labels sit under their line and datasheet labels over theirs, so that they never collide
-    (a datasheet peak is at or above the measured one). Call `_align_slopes` once the limits are set."""
+    (a datasheet peak is at or above the measured one); a compute label is short ("bf16 810": the axis gives
+    the unit, the legend the line styles), so that it stays clear of the points. Call `_align_slopes` once
+    the limits are set."""
     bw = roofs.get("bandwidth_gbps")
     style = dict(color=FAINT, lw=1.0, ls=(0, (4, 3))) if faint else dict(color=INK, lw=1.6)
     text = dict(color=FAINT if faint else INK, fontsize=7.5, textcoords="offset points")
@@ -122,14 +124,19 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
         ridge = tf * 1e3 / bw if bw else x_lo
         ax.plot([max(ridge, x_lo), x_hi], [tf, tf], **style, zorder=2)
     if labels:
-        # Ceilings closer than a label's height share one label, on the highest of them.
-        for tf, text_ in _ceiling_labels(groups):
-            ax.annotate(f"{text_} TFLOP/s {label}", (x_hi, tf), xytext=(-2, 2 if faint else -2),
-                        ha="right", va="bottom" if faint else "top", **text)
+        # One label per ceiling, at its own height; ceilings closer than a label's height stack their
+        # labels (away from the line: measured under, datasheet over), each with its own number.
+        for tf, text_, k in _ceiling_labels(groups):
+            dy = (2 + 9 * k) if faint else -(2 + 9 * k)
+            words = f"{text_} {_tf(tf)}" if short else f"{text_} {_tf(tf)} TFLOP/s {label}"
+            ann = ax.annotate(words, (x_hi, tf), xytext=(-2, dy), ha="right", va="bottom" if faint else "top", **text)
+            ann.casebook_ceiling = (tf, faint)
 
 
 def _align_slopes(ax) -> None:
-    """Turn each bandwidth label to the screen angle of its line (after limits and size are final)."""
+    """Turn each bandwidth label to the screen angle of its line, and keep the ceilings' labels from
+    overprinting (after limits and size are final)."""
+    _spread_labels(ax)
     for ann in ax.texts:
         slope = getattr(ann, "casebook_slope", None)
         if slope:
@@ -137,33 +144,46 @@ def _align_slopes(ax) -> None:
             ann.set_rotation(math.degrees(math.atan2(y1 - y0, x1 - x0)))
 
 
+def _spread_labels(ax, height_pt: float = 9.5) -> None:
+    """Ceiling labels at least a line apart on screen: measured ones pushed down from their line, datasheet
+    ones pushed up, in order, so that close ceilings (bf16 810, fp16 783) each keep a legible label."""
+    to_pt = 72.0 / ax.figure.dpi
+    for faint in (False, True):
+        anns = [a for a in ax.texts if getattr(a, "casebook_ceiling", (None, None))[1] is faint]
+        ys = {id(a): ax.transData.transform((1.0, a.casebook_ceiling[0]))[1] * to_pt for a in anns}
+        edge = None  # the far side of the last label placed, in points
+        for a in sorted(anns, key=lambda a: -ys[id(a)] if not faint else ys[id(a)]):
+            y = ys[id(a)]
+            if not faint:
+                top = y - 2 if edge is None else min(y - 2, edge - 1)
+                a.xyann, edge = (a.xyann[0], top - y), top - height_pt
+            else:
+                bottom = y + 2 if edge is None else max(y + 2, edge + 1)
+                a.xyann, edge = (a.xyann[0], bottom - y), bottom + height_pt
+
+
 def _tf(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _ceiling_labels(groups: dict[float, str], apart: float = 1.25) -> list[tuple[float, str]]:
-    """(height, text) per label: ceilings within `apart` of the one above share its label
-    ("bf16 789 / fp16 750"), since on a log axis of several decades their labels would overprint."""
-    labels: list[tuple[float, list[str]]] = []
+def _ceiling_labels(groups: dict[float, str], apart: float = 1.25) -> list[tuple[float, str, int]]:
+    """(height, dtypes, place in its stack) per ceiling: a ceiling within `apart` of the one above it takes
+    the next place in that one's stack (on a log axis of several decades their labels would overprint)."""
+    out: list[tuple[float, str, int]] = []
     for tf, dtypes in sorted(groups.items(), reverse=True):
-        if labels and labels[-1][0] / tf < apart:
-            labels[-1][1].append(f"{dtypes} {_tf(tf)}")
-        else:
-            labels.append((tf, [f"{dtypes} {_tf(tf)}"]))
-    return [(tf, " / ".join(parts)) for tf, parts in labels]
+        k = out[-1][2] + 1 if out and out[-1][0] / tf < apart else 0
+        out.append((tf, dtypes, k))
+    return out
 
 
 def _ceiling_groups(ceilings: dict[str, float]) -> dict[float, str]:
-    """Ceilings within 5% of each other share one line and one label ("bf16/fp16")."""
-    groups: list[tuple[float, list[str]]] = []
+    """One line per measured ceiling; dtypes whose ceilings are the same number (fp8_e4m3 and fp8_e5m2 run
+    one matmul rate) share it ("fp8_e4m3/fp8_e5m2"). Ceilings that merely lie close keep a line each."""
+    groups: dict[float, list[str]] = {}
     for dtype, tf in sorted(ceilings.items(), key=lambda kv: kv[1]):
-        if not tf or tf <= 0:
-            continue
-        if groups and tf <= groups[-1][0] * 1.05:
-            groups[-1][1].append(dtype)
-        else:
-            groups.append((float(tf), [dtype]))
-    return {tf: "/".join(d) for tf, d in groups}
+        if tf and tf > 0:
+            groups.setdefault(round(float(tf), 6), []).append(dtype)
+    return {tf: "/".join(d) for tf, d in groups.items()}
 
 
 def _groups(points: list[dict], keep) -> dict[tuple[str, str], list[dict]]:
@@ -212,7 +232,8 @@ def roofline(data: dict) -> bytes:
                      marker=MARKERS.get(dtype, "X"), edgecolors="white", linewidths=0.5, zorder=4)
     _log_axes(left)
     y_top = max(ceilings + ys + [1e-3]) * 3
-    y_lo = min(ys + [t[1] for t in ticks] + [y_top / 1e4]) / 4
+    # Fitted to the points and their ceiling ticks (the roofs that bind them), at least a decade and a half.
+    y_lo = min(min(ys + [t[1] for t in ticks] + [y_top]) / 3, y_top / 30)
     left.set_xlim(x_lo, x_hi)
     left.set_ylim(y_lo, y_top)
     left.set_xlabel("arithmetic intensity (FLOP / byte, from the traffic model)")
@@ -242,10 +263,21 @@ def roofline(data: dict) -> bytes:
 
     handles = [Line2D([], [], ls="", marker="o", color=colors[v], label=v) for v in data["variants"]
                if any(p["variant"] == v for p in points)]
-    handles += [Line2D([], [], ls="", marker=MARKERS.get(d, "X"), color="#5b636b", label=d) for d in dtypes]
+    # Dtype markers hollow and in ink: never mistaken for the baseline's grey.
+    handles += [Line2D([], [], ls="", marker=MARKERS.get(d, "X"), color=INK, markerfacecolor="none", label=d)
+                for d in dtypes]
     handles += [Line2D([], [], color="#d1495b", lw=2.2, label="attainable ceiling")]
+    handles += _roof_handles(datasheet is not None)
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.905, 0.5))
     return _svg(fig)
+
+
+def _roof_handles(datasheet: bool) -> list[Line2D]:
+    """Legend entries for the roofs' line styles: solid measured, dashed datasheet."""
+    out = [Line2D([], [], color=INK, lw=1.6, label="measured roof")]
+    if datasheet:
+        out.append(Line2D([], [], color=FAINT, lw=1.0, ls=(0, (4, 3)), label="datasheet roof"))
+    return out
 
 
 def speedups(data: dict) -> bytes:
@@ -267,7 +299,7 @@ def speedups(data: dict) -> bytes:
     top.axhline(1.0, color=INK, lw=1.0, zorder=4)
     top.set_ylabel(f"speedup over {data.get('baseline', 'baseline')}")
     top.set_title(f"Level 2 · speedup across the workload · {data['hardware']}  (dashed: weighted geomean)")
-    top.legend(loc="upper left", ncol=min(n, 6))
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars, never over them
     top.grid(axis="x", visible=False)
     bottom.bar(range(len(shapes)), weights, color="#c3c8cf", width=0.8, zorder=3)
     for i, w in enumerate(weights):
@@ -348,7 +380,8 @@ def atlas(data: dict) -> bytes:
     ax.set_title(f"Atlas · {data['hardware']} · best variant of every case, every level-1 shape")
     _align_slopes(ax)
     if not many and cases:
-        ax.legend(loc="upper left")
+        handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + _roof_handles(datasheet is not None), loc="upper left")
     return _svg(fig)
 
 
@@ -365,21 +398,26 @@ def ceilings(data: dict) -> bytes:
         _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet", labels=False)
     _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured")
     mbw = measured.get("bandwidth_gbps")
-    for tf, dtypes in _ceiling_groups(measured.get("compute_tflops") or {}).items():
-        if mbw:
-            r = tf * 1e3 / mbw
-            ax.scatter([r], [tf], s=18, color="#d1495b", zorder=4)
-            ax.annotate(f"ridge {r:.3g}", (r, tf), xytext=(-5, 2), textcoords="offset points", ha="right",
-                        va="bottom", fontsize=7, color="#d1495b")
+    ridges = sorted(((tf * 1e3 / mbw, tf) for tf in _ceiling_groups(measured.get("compute_tflops") or {})),
+                    reverse=True) if mbw else []
+    labelled: list[float] = []
+    for r, tf in ridges:
+        ax.scatter([r], [tf], s=18, color="#d1495b", zorder=4)
+        if labelled and labelled[-1] / r < 1.3:  # ridges this close (bf16 184, fp16 191) share one label
+            continue
+        labelled.append(r)
+        close = [x for x, _ in ridges if x <= r and r / x < 1.3]
+        words = f"ridge {r:.3g}" if len(close) == 1 else "ridges " + " / ".join(f"{x:.3g}" for x in close)
+        # Over the slope, left of the point: the region above the roofs is empty.
+        ax.annotate(words, (min(close), tf), xytext=(-6, 3), textcoords="offset points", ha="right", va="bottom",
+                    fontsize=7, color="#d1495b")
     _log_axes(ax)
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(min(bws) * x_lo / 1e3 / 2, max(all_ceilings + [1.0]) * 3)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"Ceilings · {data['hardware']}")
-    if datasheet:
-        ax.legend(handles=[Line2D([], [], color=INK, lw=1.6, label="measured"),
-                           Line2D([], [], color=FAINT, lw=1.0, ls=(0, (4, 3)), label="datasheet")], loc="upper left")
+    ax.legend(handles=_roof_handles(datasheet is not None), loc="upper left")
     _align_slopes(ax)
     return _svg(fig)
 

@@ -23,6 +23,10 @@ PLOTS_SOURCE = Path(plots.__file__)
 class Generated:
     pages: dict[str, str]  # docs path -> Markdown
     images: dict[str, tuple[str, dict]]  # docs path -> (plot kind, data)
+    home: str = ""  # the book's part of the home page (docs/index.md's HOME_MARKER)
+
+
+HOME_MARKER = "<!-- casebook:book -->"
 
 
 def plan(book: Book, repo: Path | None = None) -> Generated:
@@ -72,7 +76,7 @@ def plan(book: Book, repo: Path | None = None) -> Generated:
             images[path] = ("history", data)
     out[outlook.HISTORY] = outlook.history_page(book, repo, history_images) if repo is not None else \
         outlook.history_page(book, Path("/nonexistent"), {})
-    return Generated(out, images)
+    return Generated(out, images, pages.home(book, atlas_images))
 
 
 def draw(images: dict[str, tuple[str, dict]], cache_dir: Path | None, workers: int | None = None) -> dict[str, bytes]:

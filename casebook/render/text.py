@@ -8,8 +8,10 @@ Backtick spans become <code>; a Markdown field (`writeup.notes`) goes through `m
 
 from __future__ import annotations
 
+import html
 import math
 import re
+import urllib.parse
 import xml.etree.ElementTree as ET
 
 import markdown
@@ -43,21 +45,36 @@ def plain(value: object) -> str:
     return " ".join(str(value).split())
 
 
-_SAFE_SCHEMES = ("http://", "https://", "#", "/")
+_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):")
+_IGNORED_IN_URLS = re.compile(r"[\x00-\x20\x7f]")  # browsers drop these inside a URL's scheme
+
+
+def safe_url(url: str) -> bool:
+    """True for an http(s), in-page (`#...`) or relative link, judged as the browser reads it: entities
+    (`&colon;`) and percent-escapes (`%3A`) decoded first, whitespace and control characters dropped,
+    backslashes read as slashes. Everything else (javascript:, data:, vbscript:, `//host`) is refused."""
+    v = str(url)
+    for _ in range(4):  # nested encodings: &amp;colon;, %253A
+        decoded = urllib.parse.unquote(html.unescape(v))
+        if decoded == v:
+            break
+        v = decoded
+    v = _IGNORED_IN_URLS.sub("", v).replace("\\", "/").lower()
+    if v.startswith(("http://", "https://")):
+        return True
+    if v.startswith("//"):  # another host, whatever the scheme
+        return False
+    return _SCHEME.match(v) is None
 
 
 class _SafeLinks(markdown.treeprocessors.Treeprocessor):
-    """Drop link and image targets that are not http(s), fragment or path links (javascript:, data:)."""
+    """Replace link and image targets that are not http(s), in-page or relative links with `#`."""
 
     def run(self, root: ET.Element) -> None:
         for el in root.iter():
             for attr in ("href", "src"):
                 value = el.get(attr)
-                if value is None:
-                    continue
-                v = value.strip().lower()
-                relative = ":" not in v.split("/", 1)[0]
-                if not (v.startswith(_SAFE_SCHEMES) or relative):
+                if value is not None and not safe_url(value):
                     el.set(attr, "#")
             if el.tag == "img":  # images from case prose would be off-host requests
                 el.tag = "span"
@@ -67,13 +84,47 @@ class _SafeLinks(markdown.treeprocessors.Treeprocessor):
 
 
 def markdown_html(source: str) -> Markup:
-    """A Markdown field rendered with raw HTML shown as text and unsafe links dropped."""
+    """A Markdown field rendered with raw HTML shown as text and unsafe links dropped, as inert HTML."""
     md = markdown.Markdown(extensions=["tables", "fenced_code", "sane_lists"])
     md.preprocessors.deregister("html_block")
     md.inlinePatterns.deregister("html")
     md.treeprocessors.register(_SafeLinks(md), "casebook_safe_links", 0)
-    rendered = md.convert(source)
-    return Markup(f'<div class="cb-notes">\n{rendered}\n</div>')
+    rendered = md.convert(unfold_lists(source))
+    return Markup(f'<div class="cb-notes">\n{inert(rendered)}\n</div>')
+
+
+def inert(rendered_html: str) -> str:
+    """HTML that the page's own Markdown pass leaves alone: the site's fences (``` and ~~~, which
+    superfences finds before raw HTML is set aside, even indented) cannot open or close inside it,
+    since their characters are numeric entities (shown the same by the browser)."""
+    return rendered_html.replace("`", "&#96;").replace("~", "&#126;")
+
+
+def code_html(source: str, language: str = "python") -> Markup:
+    """Source code as a highlighted HTML listing (Pygments), never through a Markdown fence."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import get_lexer_by_name
+
+    listing = highlight(source, get_lexer_by_name(language), HtmlFormatter(cssclass="highlight", wrapcode=True))
+    return Markup(inert(listing))
+
+
+
+
+def unfold_lists(source: str) -> str:
+    """A Markdown list that YAML folding put on one line ("Steps: - one - two") back on lines of its own.
+
+    Only where a line holds at least two ` - item` runs after a colon or a full stop (or from its start), so
+    a dash in prose ("exp(x - max)", "a - b") stays prose."""
+    out = []
+    for row in source.split("\n"):
+        head, *items = re.split(r"(?:^| +)- (?=\S)", row)
+        if len(items) >= 2 and (not head.strip() or head.rstrip().endswith((":", "."))) and not row.startswith("    "):
+            out += ([head, ""] if head.strip() else []) + [f"- {item}" for item in items] + [""]
+        else:
+            out.append(row)
+    return "\n".join(out)
 
 
 # --- numbers ---------------------------------------------------------------------------------
@@ -116,6 +167,18 @@ def nbytes(x: object) -> str:
             return f"{num(x)} {unit}"
         x /= 1000
     return "–"
+
+
+def rate(x: object, unit: str = "FLOP/s", base: float = 1e12) -> str:
+    """A rate in the unit that fits it: `rate(2.1e-5)` (TFLOP/s) -> `21.0 MFLOP/s`, `rate(4245, "B/s", 1e9)`
+    -> `4.25 TB/s`; a CPU's numbers read as plainly as a GPU's."""
+    if not _finite(x):
+        return "–"
+    v = float(x) * base
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{num(v / scale)} {prefix}{unit}"
+    return f"{num(v)} {unit}"
 
 
 def shape(s: dict) -> str:

@@ -55,6 +55,8 @@ class Machine:
     result_file: str = ""
     best: str | None = None
     best_roof: float | None = None
+    shapes_measured: str = ""
+    dtypes_measured: str = ""
 
 
 def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
@@ -92,9 +94,12 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
     m.level2_summary = [{"variant": s.get("variant"), "geomean": text.times(s.get("geomean_speedup")),
                          "worst": text.times(s.get("worst_speedup")),
                          "worst_shape": text.shape(s.get("worst_shape") or {}),
-                         "regressions": ", ".join(text.shape_short(x) for x in s.get("regressions") or []) or "none",
+                         "regressions": _regressions(s, wl.get("points") or []),
                          "good": _ok(s.get("worst_speedup")) and s["worst_speedup"] >= 1}
                         for s in wl.get("summary") or []]
+    measured = [p for p in r.kernel_level if p.status in ("ok", "checked")]
+    m.shapes_measured = "; ".join(dict.fromkeys(text.shape(p.shape) for p in measured))
+    m.dtypes_measured = ", ".join(dict.fromkeys(p.dtype for p in measured))
     m.level2_points = _level2_table(entry, wl.get("points") or [])
     m.level2_variants = [v.name for v in entry.case.kernel.variants
                          if any(v.name in row["speedups"] for row in m.level2_points)]
@@ -125,8 +130,10 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = "✓ checked, not timed here"
     elif p.status == "failed" and p.correct:  # a right answer whose time was refused (the physics gate)
         check = f"✗ {p.error or 'refused'}"
+    elif p.status == "failed" and p.error:  # the reason (input modified, wrong dtype, NaN), not an error of 0
+        check = f"✗ {p.error}"
     elif p.status == "failed":
-        check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) else "✗ wrong answer"
+        check = f"✗ wrong: {p.max_rel_err:.1e}" if _ok(p.max_rel_err) and p.max_rel_err > 0 else "✗ wrong answer"
     else:
         check = f"{p.status}: {p.error or ''}".rstrip(": ")
     full = check
@@ -134,7 +141,7 @@ def _level1_row(p: Point, baseline: str) -> dict:
         check = check[:34].rstrip() + "…"
     return {"variant": p.variant, "baseline": p.variant == baseline, "shape": text.shape_short(p.shape),
             "median": text.num(p.median_us), "median_ci": median_ci, "reps": p.repetitions, "spread": spread,
-            "gbps": text.num(p.gbps), "tflops": text.num(p.tflops), "roof": text.pct(p.roof_fraction),
+            "gbps": text.rate(p.gbps, "B/s", 1e9), "tflops": text.rate(p.tflops), "roof": text.pct(p.roof_fraction),
             "regime": _regime(p),
             "floors": f"{text.num(p.bandwidth_floor_us)} · {text.num(p.launch_floor_us)}"
                       if _ok(p.bandwidth_floor_us) and _ok(p.launch_floor_us) else "–",
@@ -143,11 +150,36 @@ def _level1_row(p: Point, baseline: str) -> dict:
             "ok": p.status in ("ok", "checked")}
 
 
+def _regressions(summary: dict, points: list[dict]) -> str:
+    """The shapes where the variant is slower than the baseline, and the ones where it was never timed
+    (failed, crashed, skipped), with the reason: a variant that failed everywhere has no regression to
+    list, and 'none' would read as a clean bill."""
+    slower = ", ".join(text.shape_short(x) for x in summary.get("regressions") or [])
+    mine = [p for p in points if p.get("variant") == summary.get("variant")]
+    untimed = [p for p in mine if p.get("status") not in ("ok", "checked")]
+    if not untimed:
+        return slower or "none"
+    by: dict[str, list[dict]] = {}
+    for p in untimed:
+        by.setdefault(str(p.get("status")), []).append(p)
+    first = untimed[0]
+    reason = f" (first: {first.get('error')})" if first.get("error") else ""
+    counts = ", ".join(f"{p_status} at {len(ps)}" for p_status, ps in by.items())
+    every = len(untimed) == len(mine)
+    return (f"{'every shape' if every else 'not timed'}: {counts} of {len(mine)} shapes{reason}"
+            + (f"; slower at {slower}" if slower else ""))
+
+
 def _regime(p: Point) -> str:
     """The regime; a point filed under launch by its host issue time says so, with the time."""
+    if not p.regime:
+        return "–"
+    regime = p.regime
     if p.regime == "launch" and host_bound(p.host_issue_us, p.floor_us):
-        return f"launch (host {text.num(p.host_issue_us)} µs)"
-    return p.regime or "–"
+        regime = f"launch (host {text.num(p.host_issue_us)} µs)"
+    if _ok(p.roof_fraction) and 0 < p.roof_fraction < 0.5:  # which roof binds, and how far below it the point is
+        return f"{regime}, {text.num(1 / p.roof_fraction, 2)}× below"
+    return regime
 
 
 def _level2_table(entry: Entry, points: list[dict]) -> list[dict]:
@@ -170,7 +202,13 @@ def _e2e(e: dict) -> dict:
     if not e:
         return {"status": "absent"}
     if e.get("status", "ok") != "ok":
-        return {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
+        out = {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
+        if _ok(e.get("kernel_share")):  # the baseline was timed: its kernel share is a measurement, shown
+            out.update(share=text.pct(e["kernel_share"]), baseline=e.get("baseline"),
+                       baseline_us=text.us(e.get("baseline_us")),
+                       baseline_kernel_us=text.us(e.get("baseline_kernel_us")),
+                       shape=text.shape(e.get("shape") or {}), dtype=e.get("dtype"))
+        return out
     return {"status": "ok", "shape": text.shape(e.get("shape") or {}), "dtype": e.get("dtype"),
             "baseline": e.get("baseline"), "variant": e.get("variant"),
             "baseline_us": text.us(e.get("baseline_us")), "variant_us": text.us(e.get("variant_us")),
@@ -213,12 +251,37 @@ def _ok(x: object) -> bool:
 
 
 def case_row(entry: Entry, page: str) -> dict:
-    """One line of an index table: link, operator, bottleneck, patterns, machines."""
+    """One line of an index table: link, operator, bottleneck, patterns, machines, and the outcome on the
+    machine the case is about (GPUs first), so that cases compare without a click."""
     c = entry.case
     return {"title": c.title, "url": links.rel(page, links.case_page(c.id)), "id": c.id, "operator": c.operator,
             "bottleneck": c.bottleneck.kind, "patterns": ", ".join(c.patterns),
             "ai": text.num(c.bottleneck.arithmetic_intensity),
-            "machines": ", ".join(r.slug + (" (stale)" if r.stale else "") for r in entry.results) or "no results yet"}
+            "machines": ", ".join(r.slug + (" (stale)" if r.stale else "") for r in entry.results) or "no results yet",
+            **outcome(entry)}
+
+
+def outcome(entry: Entry) -> dict:
+    """The headline of a case's leading result: best variant, its median % of roof, its speedup over the
+    baseline (level-2 weighted geomean, else the median level-1 speedup), and where that was measured."""
+    none = {"best": "–", "roof": "–", "speedup": "–", "on": "", "headline": None}
+    if not entry.results:
+        return none
+    stored = entry.results[0]
+    best = best_variant(entry, stored)
+    if best is None:
+        return {**none, "on": stored.slug}
+    r = stored.result
+    fracs = [p.roof_fraction for p in r.kernel_level if p.variant == best and _ok(p.roof_fraction)]
+    geo = next((s.get("geomean_speedup") for s in (r.workload_level or {}).get("summary") or []
+                if s.get("variant") == best and _ok(s.get("geomean_speedup"))), None)
+    if geo is None:
+        ups = [p.speedup for p in r.kernel_level if p.variant == best and _ok(p.speedup)]
+        geo = statistics.median(ups) if ups else None
+    roof = text.pct(statistics.median(fracs)) if fracs else "–"
+    speedup = "baseline" if best == entry.case.kernel.baseline else text.times(geo)
+    return {"best": best, "roof": roof, "speedup": speedup, "on": stored.slug,
+            "headline": f"{roof} of roof, {speedup} over {entry.case.kernel.baseline}"}
 
 
 def operators(book: Book) -> dict[str, dict]:
