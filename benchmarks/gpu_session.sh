@@ -196,6 +196,9 @@ case "${1:-}" in
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
   *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent" >&2; exit 2 ;;
 esac
-tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
+# The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
+# with `casebook record`.
+tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun) \
+  $(test -d "$out/cache/runs" && echo cache/runs)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"
 ls -la "$out"

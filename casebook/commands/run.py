@@ -255,8 +255,10 @@ def _intensity(rec: dict) -> None:
         return
     line = (f"[bold]Arithmetic intensity[/bold] at {shape_label(rec['shape'])} {rec['dtype']}: the traffic model "
             f"gives {rec['modelled']:.4g} FLOP/byte")
-    if rec.get("declared") is not None:
+    if rec.get("difference") is not None:
         line += f", the case declares {rec['declared']:g} ({rec['difference']:+.1%})"
+    elif rec.get("declared") is not None:  # a model of no FLOPs (a copy, a transpose): no ratio to take
+        line += f", the case declares {rec['declared']:g}"
         if rec.get("flagged"):
             line += f" [bold red]more than {rec['tolerance']:.0%} apart: `casebook check` flags it[/]"
     out.print(line, highlight=False)
