@@ -87,8 +87,16 @@ def memory_bytes() -> int | None:
     return None
 
 
-def identify() -> dict:
-    """Which machine this is: slug, name, kind, the datasheet entry if any."""
+def identify(devices: int = 1) -> dict:
+    """Which machine this is: slug, name, kind, the datasheet entry if any. Over one device, the devices a
+    case runs on together are the machine: `-x<devices>` on the slug (2 H200s and 8 are different machines)."""
+    ident = _identify()
+    if devices > 1:
+        ident.update(slug=f"{ident['slug']}-x{devices}", devices=devices)
+    return ident
+
+
+def _identify() -> dict:
     import torch
 
     if torch.cuda.is_available():

@@ -40,10 +40,16 @@ class Task:
     over: str = ""
     over_fn: str = ""
     """kind "pair": the variant a speedup claim is measured against, and its function."""
+    devices: int = 1
+    """Ranks the task runs on (the case's `kernel.devices`); over 1, `casebook.distributed` runs it."""
 
 
 def work(task: Task) -> dict:
     """Entry point in the child."""
+    if task.devices > 1:  # a multi-device case: one process per rank, this one gathers them
+        from casebook.distributed import run_ranks
+
+        return run_ranks(task)
     import torch
 
     from casebook.interference import cpu_threads

@@ -62,7 +62,8 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
             continue
         device, timed = where
         common = dict(module=k.module, variant=v.name, fn=v.fn, device=device, timed=timed, protocol=proto,
-                      tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic)
+                      tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic,
+                      devices=k.devices)
         tasks = [Task(kind="point", shape=s, dtype=d, level="kernel", seed=SEED + i,
                       roofs=_roofs(ceilings, d), **common)
                  for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]
@@ -97,7 +98,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     """
     progress = progress or (lambda event, info: None)
     case = load_case(path)
-    ident = hardware.identify()
+    ident = hardware.identify(devices=case.kernel.devices)
     on_gpu = ident["kind"] == "gpu"
     progress("ceilings", {"hardware": ident["name"]})
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
@@ -122,8 +123,12 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         if checkpoint is not None and len(outcomes) < len(groups):
             checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
 
-    run["intensity"] = intensity_check(case, run_isolated(work, [traffic_task(case)], timeout_s=timeout_s,
-                                                          env=variant_env(interpreted=False))[0])
+    traffic = run_isolated(work, [traffic_task(case, on_gpu)], timeout_s=timeout_s,
+                           env=variant_env(interpreted=False))[0]
+    run["intensity"] = intensity_check(case, traffic)
+    if case.kernel.devices > 1:  # measured on the ranks, beside the traffic model
+        run["ident"]["topology"] = traffic.get("topology") or {"devices": case.kernel.devices,
+                                                               "error": traffic.get("error")}
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
@@ -136,12 +141,14 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     return assemble(run, protocol, groups, outcomes, complete=True)
 
 
-def traffic_task(case: Case) -> Task:
-    """The traffic model at the case's first level-1 (GPU) shape and first dtype, in a child like the rest."""
+def traffic_task(case: Case, on_gpu: bool = False) -> Task:
+    """The traffic model at the case's first level-1 (GPU) shape and first dtype, in a child like the rest;
+    for a multi-device case on its ranks (whose world size the model reads), which also measure the link."""
     k = case.kernel
     return Task(kind="traffic", module=k.module, variant="", fn="", shape=case.levels.kernel.shapes[0],
-                dtype=case.levels.kernel.dtypes[0], level="kernel", device="cpu", timed=False, seed=SEED,
-                protocol={}, traffic=k.traffic)
+                dtype=case.levels.kernel.dtypes[0], level="kernel",
+                device="cuda" if on_gpu and k.devices > 1 else "cpu", timed=False, seed=SEED,
+                protocol={}, traffic=k.traffic, devices=k.devices)
 
 
 def intensity_check(case: Case, payload: dict) -> dict:

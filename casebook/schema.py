@@ -156,6 +156,10 @@ class Kernel(Strict):
     )
     variants: list[Variant] = Field(min_length=1, description="The variant ladder, simplest first.")
     baseline: Ident = Field(description="Name of the variant every speedup is measured against.")
+    devices: Annotated[StrictInt, Field(ge=1, le=64)] = Field(
+        default=1, description="Devices (ranks) every variant runs on at once: over 1, one process per device "
+                               "joined by torch.distributed (NCCL on GPUs, two ranks over gloo on a CPU), the "
+                               "slowest rank's time reported; results go under `<hardware>-x<devices>`.")
 
     @model_validator(mode="after")
     def _variants(self) -> Kernel:

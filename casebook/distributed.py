@@ -1,0 +1,260 @@
+"""One task of a multi-device case, run on its ranks: one process per device, each rank's answer gathered.
+
+`measure.work` hands a task here when its case declares `kernel.devices > 1`. The ranks are started as
+fresh interpreters (`python -m casebook.distributed`), since the measuring child is a daemon process and
+may not fork children of its own through multiprocessing; they live as long as the measuring child
+(one variant's tasks). Each rank joins a process group (NCCL on GPUs, gloo over loopback on a CPU),
+runs the single-device path of `measure.work` on each task it is sent, and writes its payload; the
+slowest rank's timing is the point's. A rank that dies or hangs past `RANK_TIMEOUT_S`
+ends the others, and the task is recorded as crashed or timed out, like any variant's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+RANK_TIMEOUT_S = float(os.environ.get("CASEBOOK_RANK_TIMEOUT_S", "300"))
+"""All ranks of a task must answer within this (under `isolate`'s per-task limit, so the ranks are
+ended here, not orphaned by the measuring child's death)."""
+
+FIXED_REPS = {"cuda": 100, "cpu": 20}
+"""Repetitions every rank times: a collective must be called as often on every rank, so the stopping
+rule cannot be each rank's own (a confidence interval or a time cap would end them at different counts)."""
+
+LINK_MESSAGE_BYTES = {"cuda": 256 * 2**20, "cpu": 16 * 2**20}
+"""The all-reduce whose bus bandwidth is the measured link ceiling: 256 MB on GPUs (past the size
+where NCCL's bus bandwidth levels off), 16 MB over gloo on a CPU."""
+
+
+def lockstep(protocol: dict, device: str) -> dict:
+    """A timing protocol every rank follows to the same number of calls: two warm-up calls, then exactly
+    `FIXED_REPS` repetitions (no confidence-interval or time-cap stop)."""
+    reps = min(FIXED_REPS[device], protocol.get("max_reps", FIXED_REPS[device]))
+    return {**protocol, "warmup_ms": 0.0, "min_reps": reps, "max_reps": reps, "target_ci": 0.0,
+            "time_cap_s": math.inf}
+
+
+_pool: dict = {}
+"""The ranks of this measuring child, kept across its tasks (one variant's points): starting n
+interpreters that import torch costs seconds, a task's timing less."""
+
+
+def run_ranks(task, timeout_s: float | None = None) -> dict:
+    """Run `task` on `task.devices` ranks and return one payload: the slowest rank's, with every rank's."""
+    n = task.devices
+    if task.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < n:
+            return {"status": "skipped", "error": f"the case needs {n} GPUs; this machine has "
+                                                  f"{torch.cuda.device_count()}"}
+    timeout_s = RANK_TIMEOUT_S if timeout_s is None else timeout_s
+    procs, tmp = _ranks(n, task.device)
+    outs = [tmp / f"task{_pool['tasks']}-rank{r}.json" for r in range(n)]
+    _pool["tasks"] += 1
+    try:
+        for p, out in zip(procs, outs):
+            pickle.dump((task, str(out)), p.stdin)
+            p.stdin.flush()
+    except (BrokenPipeError, OSError):
+        pass  # a rank already dead: _wait says which
+    status, error = _wait(procs, outs, timeout_s)
+    if status != "ok":
+        error += _stderr_tail(tmp, n)
+        shutdown()
+        return {"status": status, "error": error}
+    return merge(task, [json.loads(out.read_text()) for out in outs])
+
+
+def _ranks(n: int, device: str) -> tuple[list, Path]:
+    """This child's n rank processes, started on first use (or after a failure ended the last ones)."""
+    if _pool.get("key") != (n, device):
+        shutdown()
+        tmp = Path(tempfile.mkdtemp(prefix="casebook-ranks-"))
+        port = _free_port()
+        procs = [subprocess.Popen([sys.executable, "-m", "casebook.distributed", str(r), str(n), str(port), device],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  stderr=open(tmp / f"rank{r}.err", "wb"), start_new_session=True,
+                                  preexec_fn=_die_with_parent)
+                 for r in range(n)]
+        _pool.update(key=(n, device), procs=procs, tmp=tmp, tasks=0)
+    return _pool["procs"], _pool["tmp"]
+
+
+def shutdown() -> None:
+    """End this child's ranks, if any."""
+    if _pool.get("procs"):
+        for p in _pool["procs"]:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+        _end(_pool["procs"], grace_s=5.0)
+        shutil.rmtree(_pool["tmp"], ignore_errors=True)
+    _pool.clear()
+
+
+def _wait(procs: list, outs: list, timeout_s: float) -> tuple[str, str]:
+    """Wait for every rank's answer; end them all when one dies or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if all(out.exists() for out in outs):
+            return "ok", ""
+        codes = [p.poll() for p in procs]
+        dead = [r for r, c in enumerate(codes) if c is not None and not outs[r].exists()]
+        if dead:
+            _end(procs)
+            return "crashed", f"rank {dead[0]} died (exit code {codes[dead[0]]}); the other ranks were ended"
+        if time.monotonic() > deadline:
+            hung = [r for r, out in enumerate(outs) if not out.exists()]
+            _end(procs)
+            return "timeout", (f"rank {', '.join(map(str, hung))} gave no answer within {timeout_s:.0f} s: "
+                               "all ranks ended")
+        time.sleep(0.02)
+
+
+def _end(procs: list, grace_s: float = 0.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while grace_s and time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.02)
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait(10)
+
+
+def _stderr_tail(tmp: Path, n: int) -> str:
+    for r in range(n):
+        err = (tmp / f"rank{r}.err").read_text(errors="replace").strip().splitlines()
+        if err:
+            return f" (rank {r}: {err[-1][:300]})"
+    return ""
+
+
+def _die_with_parent() -> None:
+    """Linux: a rank gets SIGKILL when the measuring child that started it dies (killed by `isolate`)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def merge(task, payloads: list[dict]) -> dict:
+    """One payload from every rank's: a rank that did not measure ok decides; else the slowest rank's."""
+    for r, p in enumerate(payloads):
+        if p.get("status") not in ("ok", "checked"):
+            return {**p, "error": f"rank {r}: {p.get('error')}"}
+    key = {"point": "median_us", "end_to_end": "scenario_us"}.get(task.kind)
+    if task.kind == "pair":  # the rank where the claim's variant gains least
+        r = min(range(len(payloads)), key=lambda i: payloads[i]["speedup"])
+    elif key and all(key in p for p in payloads):
+        r = max(range(len(payloads)), key=lambda i: payloads[i][key])
+    else:
+        r = 0
+    out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r}
+    if key and all(key in p for p in payloads):
+        out[f"rank_{key}"] = [p[key] for p in payloads]
+    if "max_rel_err" in out:
+        out["max_rel_err"] = max(p.get("max_rel_err", 0.0) for p in payloads)
+    return out
+
+
+# --- inside one rank ------------------------------------------------------------------------------
+
+
+def topology(device: str) -> dict:
+    """The devices, the link between them and its measured bus bandwidth: a large all-reduce, timed."""
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    nbytes = LINK_MESSAGE_BYTES[device]
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(3):
+        dist.all_reduce(buf)
+    sync()
+    dist.barrier()
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        sync()
+        times.append(time.perf_counter() - t0)
+    seconds = sorted(times)[len(times) // 2]
+    return {"devices": n, "backend": dist.get_backend(), "link": link(device), "message_bytes": nbytes,
+            "bus_gbps": 2 * (n - 1) / n * nbytes / seconds / 1e9,
+            "method": f"median of 10 all-reduces of {nbytes // 2**20} MB fp32; bus bytes 2(n-1)/n of the message"}
+
+
+def link(device: str) -> str:
+    """`loopback` for CPU ranks; between GPUs 0 and 1, what `nvidia-smi topo -m` says (NV# is NVLink)."""
+    if device != "cuda":
+        return "loopback"
+    try:
+        text = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    for line in text.splitlines():
+        cells = line.split()
+        if cells and cells[0] == "GPU0" and len(cells) > 2:
+            kind = cells[2]
+            return "nvlink" if kind.startswith("NV") else {"PIX": "pcie", "PXB": "pcie", "PHB": "pcie",
+                                                             "NODE": "pcie", "SYS": "pcie-numa"}.get(kind, kind.lower())
+    return "unknown"
+
+
+def _rank_main(rank: int, world: int, port: int, device: str) -> None:
+    """One rank: join the group, then run each task that arrives on stdin and write its payload."""
+    import datetime as dt
+
+    import torch
+    import torch.distributed as dist
+
+    from casebook.measure import work
+
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    os.environ.setdefault("CASEBOOK_CPU_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world, timeout=dt.timedelta(seconds=RANK_TIMEOUT_S))
+    while True:
+        try:
+            task, out = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            break
+        try:
+            payload = work(replace(task, devices=1, protocol=lockstep(task.protocol, task.device)
+                                   if task.protocol else {}))
+            if task.kind == "traffic" and payload.get("status") == "ok":
+                payload["topology"] = topology(device)
+            payload = {**payload, "rank": rank}
+        except Exception as e:  # recorded like a raising task in `isolate`
+            payload = {"status": "crashed", "error": f"{type(e).__name__}: {e}"}
+        Path(out + ".part").write_text(json.dumps(payload, default=str))
+        os.replace(out + ".part", out)  # whole or absent
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
