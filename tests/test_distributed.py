@@ -1,0 +1,78 @@
+"""casebook.distributed: a multi-device task on its ranks (two over gloo here), the slowest rank reported,
+a hanging or dying rank contained."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from casebook.bench import Protocol
+from casebook.distributed import lockstep, merge
+from casebook.isolate import run_isolated
+from casebook.measure import Task, work
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
+FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm"))
+ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+
+
+def task(fn: str, kind: str = "point", **kw) -> Task:
+    fields = dict(kind=kind, module="ranked", variant=fn, fn=fn, shape={"n": 1000}, dtype="fp32", level="kernel",
+                  device="cpu", timed=True, seed=7, protocol=FAST, roofs=ROOFS, devices=2,
+                  inputs="make_inputs")
+    return Task(**{**fields, **kw})
+
+
+def test_lockstep_fixes_the_number_of_calls():
+    p = lockstep(FAST, "cpu")
+    assert p["min_reps"] == p["max_reps"] == 20 and p["warmup_ms"] == 0 and p["target_ci"] == 0
+    assert math.isinf(p["time_cap_s"])
+
+
+def test_merge_reports_the_slowest_rank_and_every_rank():
+    ranks = [{"status": "ok", "median_us": 10.0, "max_rel_err": 1e-7},
+             {"status": "ok", "median_us": 12.0, "max_rel_err": 3e-7}]
+    out = merge(task("honest"), ranks)
+    assert out["median_us"] == 12.0 and out["slowest_rank"] == 1 and out["rank_median_us"] == [10.0, 12.0]
+    assert out["max_rel_err"] == 3e-7
+
+
+def test_merge_lets_a_failing_rank_decide():
+    ranks = [{"status": "ok", "median_us": 10.0}, {"status": "failed", "error": "relative error 1"}]
+    out = merge(task("honest"), ranks)
+    assert out["status"] == "failed" and out["error"] == "rank 1: relative error 1"
+
+
+def _run(tasks, rank_timeout_s: str = "60"):
+    env = {"CASEBOOK_KERNELS_PATH": str(FIXTURES), "CASEBOOK_RANK_TIMEOUT_S": rank_timeout_s}
+    return run_isolated(work, tasks, timeout_s=240, env=env)
+
+
+@pytest.mark.slow
+def test_two_ranks_over_gloo_check_time_and_measure_the_link():
+    point, traffic = _run([task("honest"), task("", kind="traffic", timed=False, protocol={})])
+    assert point["status"] == "ok", point
+    assert point["ranks"] == 2 and len(point["rank_median_us"]) == 2
+    assert point["median_us"] == max(point["rank_median_us"])
+    assert point["repetitions"] == 20  # every rank called the collective alike
+    topo = traffic["topology"]
+    assert topo["devices"] == 2 and topo["backend"] == "gloo" and topo["link"] == "loopback"
+    assert topo["bus_gbps"] > 0
+
+
+@pytest.mark.slow
+def test_a_hanging_rank_is_ended_and_the_next_task_runs():
+    hung, after = _run([task("hangs_on_rank1"), task("honest")], rank_timeout_s="20")
+    assert hung["status"] == "timeout" and "gave no answer" in hung["error"], hung  # rank 0 waits in the collective
+    assert after["status"] == "ok", after  # fresh ranks took the next task
+
+
+@pytest.mark.slow
+def test_a_dying_rank_is_recorded_and_the_others_ended():
+    died, after = _run([task("dies_on_rank1"), task("honest")])
+    assert died["status"] == "crashed" and "rank 1 died (exit code 3)" in died["error"], died
+    assert after["status"] == "ok", after
+
