@@ -41,6 +41,9 @@
 #                                                 # (needs the peers extra: pip install -e '.[peers]')
 #   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
 #                                                 # materialised or chunked, against Liger's fused one
+#   bash benchmarks/gpu_session.sh allreduce      # issue 35, on an nvidia-h200-x2 machine: the topology,
+#                                                 # the CPU-runnable variants' tests on the GPU, then
+#                                                 # allreduce_norm on its two ranks (results/nvidia-h200-x2/)
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
 # run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
@@ -176,6 +179,12 @@ case "${1:-}" in
   norms-fused)  # call 2: the pre-norm block with its residual add, and the backward (bf16), with counters
     run_case rmsnorm_residual 290 --counters
     run_case rmsnorm_backward $((590 - SECONDS)) --counters ;;
+  allreduce)  # issue 35: 2 H200s (nvidia-h200-x2); NCCL and symmetric memory need both GPUs visible
+    nvidia-smi topo -m > "$out/logs/topology.txt" 2>&1; head -4 "$out/logs/topology.txt"
+    python3 -c 'import torch; print("gpus:", torch.cuda.device_count())'
+    timeout 120 python3 -m pytest -q tests/test_distributed.py > "$out/logs/distributed_pytest.txt" 2>&1
+    echo "distributed pytest: exit $?"; tail -3 "$out/logs/distributed_pytest.txt"
+    run_case allreduce_norm $((590 - SECONDS)) ;;
   norms-layer)  # call 3: layernorm and its backward (bf16), with counters
     run_case layernorm 290 --counters
     run_case layernorm_backward $((590 - SECONDS)) --counters ;;
@@ -194,7 +203,7 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
