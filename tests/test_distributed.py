@@ -76,3 +76,18 @@ def test_a_dying_rank_is_recorded_and_the_others_ended():
     assert died["status"] == "crashed" and "rank 1 died (exit code 3)" in died["error"], died
     assert after["status"] == "ok", after
 
+
+
+def test_the_hardware_page_gains_the_interconnect_ceiling():
+    from casebook.render.pages import _ceiling_rows
+
+    hw = {"measured": {"copy_gbps": 4000.0}, "datasheet": {"link_gbps": 450},
+          "topology": {"devices": 2, "link": "nvlink", "bus_gbps": 380.0}}
+    row = next(r for r in _ceiling_rows(hw, [hw]) if r["what"].startswith("interconnect"))
+    assert "nvlink, 2 devices" in row["what"] and row["unit"] == "GB/s" and row["ratio"] == "84%"
+
+
+def test_two_devices_are_another_machine():
+    from casebook import hardware
+
+    assert hardware.identify(devices=2)["slug"] == hardware.identify()["slug"] + "-x2"

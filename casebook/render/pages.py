@@ -331,6 +331,11 @@ def _ceiling_rows(hw: dict, every: list[dict], environment: dict | None = None) 
                  ("CUDA-graph launch", "µs", ("graph_launch_us", ), None)]
     rows = [_ceiling(what, unit, _measured(hw, key), peak, [_measured(h, key) for h in every])
             for what, unit, key, peak in ceilings]
+    topo = hw.get("topology") or {}
+    if topo.get("bus_gbps"):  # a multi-device run: the interconnect's ceiling, a large all-reduce's bus bandwidth
+        rows.append(_ceiling(f"interconnect ({topo.get('link', '?')}, {topo.get('devices')} devices): all-reduce "
+                             "bus bandwidth", "GB/s", topo["bus_gbps"], d.get("link_gbps"),
+                             [(h.get("topology") or {}).get("bus_gbps") for h in every]))
     l2 = (environment or {}).get("l2_mb")  # the device reports its L2 size: recorded by the run
     if d.get("l2_mb") or l2:
         rows.append(_ceiling("L2 cache (size the device reports)", "MB", l2, d.get("l2_mb"), []))
