@@ -519,6 +519,9 @@ class Result(Open):
         default=None,
         description="sha256 of the case's kernel, levels and claims: staleness is judged by it when present, so prose "
                     "edits keep a result current.")
+    kernel_modules: list[str] | None = Field(
+        default=None, description="Kernel modules the run's children imported beyond the static imports of its "
+                                  "module (imported at run time): `kernel_sha256` covers them too.")
     hardware: dict[str, Any] = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
     environment: dict[str, Any] = Field(description="Versions, driver, clocks: what a reproduction needs.")
     protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, "
