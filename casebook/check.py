@@ -136,7 +136,7 @@ def compare_output(out, expected: torch.Tensor, dtype: str, tolerance: float | N
         raise CheckFailed(f"relative error {err:.3g} over tolerance {tol:.3g}")
     row = row_error(got, expected)
     if not row <= row_tol:
-        raise CheckFailed(f"worst row off by {row:.3g} of its largest value, over the row tolerance {row_tol:.3g} "
+        raise CheckFailed(f"worst row off by {row:.3g} of its norm, over the row tolerance {row_tol:.3g} "
                           "(a row unwritten, or every value scaled)")
     return err, row
 

@@ -173,7 +173,7 @@ def _snapshot(x) -> dict:
 def _overlaps(a, b) -> bool:
     sa, sb = a.untyped_storage(), b.untyped_storage()
     a0, b0 = sa.data_ptr(), sb.data_ptr()
-    return a0 < b0 + sa.nbytes() and b0 < a0 + sa.nbytes() if False else (a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes())
+    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
 
 
 def _record(role: str, seed: int, out, inputs: dict, before: dict | None) -> dict:
@@ -246,14 +246,11 @@ def _point(task: Task, mod) -> dict:
     def inputs(seed: int) -> dict:
         return make_inputs(task.shape, dtype, task.device, torch.Generator().manual_seed(seed))
 
-    seeds = [task.seed, task.seed + 1]
-    sets = [inputs(s) for s in seeds]
     protocol = bench.Protocol(**task.protocol) if task.timed else None
-    if task.timed and task.device == "cuda" and protocol.graph and protocol.cache == "cold":
-        nbytes = sum(t.numel() * t.element_size() for t in sets[0].values() if isinstance(t, torch.Tensor))
-        extra = bench.input_sets(nbytes, bench.l2_bytes()) - len(sets)
-        seeds += [task.seed + 10 + j for j in range(max(0, extra))]
-        sets += [inputs(s) for s in seeds[len(sets):]]
+    sets = [inputs(task.seed)]
+    nbytes = sum(t.numel() * t.element_size() for t in sets[0].values() if isinstance(t, torch.Tensor))
+    seeds = input_seeds(task, protocol, nbytes)
+    sets += [inputs(s) for s in seeds[1:]]
     rotation = _Rotation(len(sets))
     poison = _Poison(task.device, [(tuple(v.shape), v.dtype) for v in sets[0].values() if torch.is_tensor(v)])
 
@@ -261,6 +258,17 @@ def _point(task: Task, mod) -> dict:
         return fn(**sets[rotation.next()])
 
     return bench.drive(call, _point_schedule(task, protocol, sets, seeds, rotation, poison, inputs, call))
+
+
+def input_seeds(task: Task, protocol, input_bytes: int) -> list[int]:
+    """The seeds of the input sets a point's calls take in turn: two; for a cold cache under CUDA-graph replay
+    (where nothing flushes L2 between the graph's calls), enough further ones that each call finds its
+    inputs in memory (`bench.input_sets`)."""
+    seeds = [task.seed, task.seed + 1]
+    if protocol is not None and task.device == "cuda" and protocol.graph and protocol.cache == "cold":
+        extra = bench.input_sets(input_bytes, bench.l2_bytes()) - len(seeds)
+        seeds += [task.seed + 10 + j for j in range(max(0, extra))]
+    return seeds
 
 
 def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], rotation: _Rotation, poison: _Poison,

@@ -9,6 +9,7 @@ import importlib.util
 import math
 import os
 import re
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
@@ -114,6 +115,15 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
 
+    with Worker(oracle_work, variant_env(interpreted=False)) as run["oracle"]:  # one for the run: it runs no variant
+        outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
+    run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
+    return assemble(run, protocol, groups, outcomes, complete=True)
+
+
+def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:
+    """Every group's tasks, the traffic model's intensity and the paired timings, into `run`; the outcomes."""
+    case = run["case"]
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
     for name, g in groups.items():
         tasks = g["tasks"]
@@ -122,13 +132,13 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         def done(i, payload, tasks=tasks):
             progress("task", {"task": tasks[i], "payload": payload})
 
-        payloads = execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"])
+        payloads = execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
+                           oracle=run["oracle"])
         outcomes[name] = list(zip(tasks, payloads))
         if checkpoint is not None and len(outcomes) < len(groups):
             checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
 
-    with Worker(oracle_work, variant_env(interpreted=False)) as ref:
-        run["intensity"] = intensity_check(case, ref.request(traffic_task(case), timeout_s))
+    run["intensity"] = intensity_check(case, run["oracle"].request(traffic_task(case), timeout_s))
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
@@ -137,10 +147,9 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
             progress("task", {"task": pairs[i], "payload": payload})
 
         payloads = execute(pairs, timeout_s=timeout_s, env=variant_env(interpreted=False), on_done=paired,
-                           loaded=run["loaded"])
+                           loaded=run["loaded"], oracle=run["oracle"])
         run["pairs"] = list(zip(pairs, payloads))
-    run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
-    return assemble(run, protocol, groups, outcomes, complete=True)
+    return outcomes
 
 
 def reference_seeds(task: Task) -> set[int]:
@@ -150,15 +159,15 @@ def reference_seeds(task: Task) -> set[int]:
 
 
 def execute(tasks: list[Task], *, timeout_s: float, env: dict, on_done: Callable[[int, dict], None] | None = None,
-            loaded: set | None = None) -> list[dict]:
+            loaded: set | None = None, oracle: Worker | None = None) -> list[dict]:
     """Each task run in the variant's child (`measure.work`, which only executes), the reference's answers
     computed in another (`oracle.work`, which never calls a variant), and the two judged here
     (`casebook.judge`). One payload per task, in order; `loaded` gathers the kernel modules the variant's
-    child imported."""
+    child imported. `oracle`: the reference's child to ask (one for a whole run: it never runs a variant)."""
     out: list[dict] = []
     if not tasks:
         return out
-    with Worker(measure_work, env) as variant, Worker(oracle_work, env) as ref:
+    with Worker(measure_work, env) as variant, (nullcontext(oracle) if oracle else Worker(oracle_work, env)) as ref:
         for i, task in enumerate(tasks):
             raw = variant.request(task, timeout_s)
             if loaded is not None and isinstance(raw.get("loaded"), list):

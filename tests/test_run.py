@@ -292,13 +292,15 @@ def test_honest_variant_is_ok(cheats_run):
 def test_wrong_output_is_failed(cheats_run):
     k, w = points_of(cheats_run[0], "writes_nothing")
     for p in (k, w):
-        assert p["status"] == "failed" and p["correct"] is False and "NaN or Inf" in p["error"]
+        assert p["status"] == "failed" and p["correct"] is False, p
+        assert "NaN or Inf" in p["error"] or "relative error" in p["error"] or "worst row" in p["error"]
         assert "median_us" not in p, "a wrong answer is never timed"
 
 
 def test_cache_after_the_check_is_caught_by_the_recheck(cheats_run):
     k, w = points_of(cheats_run[0], "cached_after_check")
-    assert k["status"] == "failed" and k["error"].startswith("after timing: seed ") and "relative error" in k["error"]
+    assert k["status"] == "failed" and "relative error" in k["error"]
+    assert k["error"].startswith("timed call ") or k["error"].startswith("after timing: seed "), k["error"]
     assert k["correct"] is False and "gbps" not in k
     assert w["status"] == "failed" and "output shape (16, 32), expected (4, 32)" in w["error"]
 
