@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from casebook import provenance
+from casebook import evidence, provenance
 from casebook.load import load_case
 from casebook.paths import refusal
 from casebook.results import load as load_result
@@ -130,7 +130,11 @@ def _attach(book: Book, path: Path) -> None:
     if entry is None or result.case_id != path.stem:
         book.warnings.append(f"{path}: result for case {result.case_id!r}, which is not in the book; skipped")
         return
-    stored = StoredResult(result, path, stale_reasons(entry, result))
+    stale = stale_reasons(entry, result)
+    forged = evidence.problems(path, None if stale else entry.case)
+    if forged:  # the page would show numbers the file cannot back
+        raise BookError(f"{path}: not evidence: {forged[0]}")
+    stored = StoredResult(result, path, stale)
     entry.results.append(stored)
 
 
