@@ -136,6 +136,8 @@ def _over(claim: dict) -> str | None:
 def claims_problems(case, doc: dict) -> list[str]:
     """Every claim judged again from the stored points, against the stored verdict."""
     stored = [c for c in doc.get("claims") or [] if isinstance(c, dict)]
+    if not stored:  # nothing claimed is shown; the page judges the case's claims from the points
+        return []
     texts = [c.text for c in case.claims]
     if [c.get("text") for c in stored] != texts:
         return ["its claims are not the case's claims (text and order)"]

@@ -72,8 +72,8 @@ kernel:
 {variants}
 levels:
   kernel:
-    shapes: [{{rows: 64, cols: 256}}]
-    cpu_shapes: [{{rows: 64, cols: 256}}]
+    shapes: [{{rows: 16384, cols: 32}}]
+    cpu_shapes: [{{rows: 16384, cols: 32}}]
     dtypes: [bf16]
   workload:
     description: "One small shape."
@@ -125,8 +125,8 @@ def test_attack_is_caught(attacked, name):
     for p in [point(doc, name)] + [w for w in doc["workload_level"]["points"] if w["variant"] == name]:
         assert p["status"] == "failed", p
         assert p["correct"] is False and "median_us" not in p, p
-        if CAUGHT[name]:
-            assert CAUGHT[name] in p["error"], p["error"]
+    if CAUGHT[name]:  # at the level-1 point (16384 rows: one zero row is about 1% of the norm, under bf16's 2%)
+        assert CAUGHT[name] in point(doc, name)["error"], point(doc, name)["error"]
 
 
 @pytest.mark.parametrize("name", HARMLESS)
@@ -150,8 +150,10 @@ def test_every_call_of_a_point_is_judged_in_the_parent(attacked):
 
 def test_a_grandchild_does_not_outlive_its_parent(attacked):
     _, _, late = attacked
-    time.sleep(3)  # the grandchild would have written by now
-    assert not late.exists(), "a process the variant started outlived its child and wrote a file"
+    pid = int(Path(f"{late}.pid").read_text())  # it started
+    status = Path(f"/proc/{pid}/status")
+    assert not status.exists() or "zombie" in status.read_text(), "a process the variant started outlived its child"
+    assert not late.exists()
 
 
 def test_the_stored_document_is_judged_and_loadable(attacked, tmp_path):
