@@ -21,14 +21,15 @@ TOLERANCE = {
 """Bound on the normwise relative error ||out - ref|| / ||ref|| per input dtype (METHOD.md's ranges)."""
 
 ROW_TOLERANCE = {
-    "fp64": 1e-8, "fp32": 1e-4, "tf32": 1e-2, "bf16": 1e-2, "fp16": 4e-3,
+    "fp64": 1e-8, "fp32": 1e-4, "tf32": 1e-2, "bf16": 1.2e-2, "fp16": 4e-3,
     "fp8_e4m3": 1.5e-1, "fp8_e5m2": 2.5e-1, "int8": 0.0, "int32": 0.0, "int64": 0.0,
 }
 """Bound on the worst row's normwise error, ||out - ref|| / ||ref|| over that row alone (rows: the last
 dimension; a vector is one row), per dtype. A bound on the whole output alone lets through what spreads
 thin: one row of zeros in thousands, or every output 1.5% off in bf16 (0.015, under bf16's 0.02). An
 honest output rounded once to its dtype is off by about a third of a unit in the last place, root mean
-square: 0.1-0.2% in bf16; a chain of layers each rounded to bf16 (decode_chain) reached 0.6% on a row."""
+square: 0.1-0.2% in bf16; a chain of layers each rounded to bf16 reached 0.8% on a row (decode_chain's
+`fused` at 64 x 33, two layers; its `eager` 0.6%). Scaled by 1.015 a row is 1.5% off."""
 
 OVERRIDE_FLAG = 10.0
 """A variant's own `tolerance` more than this many times its dtype's bound is flagged by `casebook check`

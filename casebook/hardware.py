@@ -175,8 +175,12 @@ def ceilings(remeasure: bool = False) -> dict:
     ident = identify()
     path = CACHE_DIR / f"ceilings-{ident['slug']}.json"
     if not remeasure and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("version") == CEILINGS_VERSION and cached.get("torch") == torch.__version__:
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cached = {}
+        if (isinstance(cached, dict) and cached.get("version") == CEILINGS_VERSION
+                and cached.get("torch") == torch.__version__ and not ceilings_implausible(cached, ident)):
             return cached
     measured = measure_gpu() if ident["kind"] == "gpu" else measure_cpu()
     measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"])
@@ -185,6 +189,20 @@ def ceilings(remeasure: bool = False) -> dict:
     tmp.write_text(json.dumps(measured, indent=1))
     tmp.replace(path)
     return measured
+
+
+def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
+    """Why cached ceilings cannot be this machine's (empty: they can): a rate that is no positive number, or
+    one beyond the datasheet's peak (`evidence.ceilings_problems`). The cache is a file any process of the
+    user can write, a variant's child among them: read back, it is measured again rather than believed."""
+    from casebook.evidence import ceilings_problems
+
+    rates = [measured.get("copy_gbps"), measured.get("launch_us"),
+             *((measured.get("matmul_tflops") or {}).values() if isinstance(measured.get("matmul_tflops"), dict)
+               else [None])]
+    if not all(isinstance(r, (int, float)) and r > 0 and r == r and r != float("inf") for r in rates):
+        return ["a ceiling is not a positive number"]
+    return ceilings_problems({"measured": measured, "datasheet": ident.get("datasheet") or {}})
 
 
 # Ceilings take the fastest repetition, not the median: interference only ever slows a run down, and a

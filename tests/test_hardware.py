@@ -61,3 +61,14 @@ def test_ceilings_apart_over_a_fifth():
     assert roofline.ceilings_apart(a, {"copy_gbps": 40.0, "matmul_tflops": {"fp32": 0.23}}) == []
     assert roofline.ceilings_apart(a, {"copy_gbps": 45.0, "matmul_tflops": {"fp32": 0.3}}) == [
         "fp32 matmul 0.2 vs 0.3 TFLOP/s"]
+
+
+def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
+    from casebook.hardware import ceilings_implausible
+
+    sheet = {"datasheet": {"bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}}
+    good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0}
+    assert ceilings_implausible(good, sheet) == []
+    assert ceilings_implausible({**good, "copy_gbps": 48000.0}, sheet)  # a tenfold bandwidth: a tampered cache
+    assert ceilings_implausible({**good, "matmul_tflops": {"bf16": -1.0}}, sheet)
+    assert ceilings_implausible({**good, "launch_us": None}, {"datasheet": None}) == ["a ceiling is not a positive number"]
