@@ -261,8 +261,8 @@ def test_strict_warns_of_a_missed_claim_without_rejecting_it(make_case):
     problems = [str(w) for w in report.warnings if w.field == "results"]
     assert len(problems) == len(claims)
     assert problems[0] == (f"{path}:1: results: warning: results/nvidia-h200/softmax_fusion.json records a failed "
-                           f"claim: {claims[0]['text']!r} ({claims[0]['detail']}); the page shows it as failed; fix the "
-                           "kernel, or restate the claim as what was measured")
+                           f"claim: {claims[0]['text']!r} ({claims[0]['detail']}); the page shows it as failed; fix "
+                           "the kernel, or restate the claim as what was measured")
 
 
 def test_strict_accepts_a_clean_full_result(make_case):
