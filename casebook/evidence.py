@@ -104,11 +104,24 @@ def point_problems(p: dict, measured: dict) -> list[str]:
         return [f"{_label(p)}: {e}"]
     except (TypeError, ValueError) as e:
         return [f"{_label(p)}: cannot be placed again ({e})"]
-    derived = ("gbps", "tflops", "roof_fraction", "floor_us") if p.get("launches") else ("gbps", "tflops")
-    for key in derived:  # without its launches counted, a point's floor is re-derived as one launch's
+    for key in ("gbps", "tflops"):  # bytes and FLOPs over the median: nothing else goes into them
         mine = getattr(placed, key)
         if _finite(p.get(key)) and abs(p[key] - mine) > AGREE * max(abs(mine), 1e-30):
             out.append(f"{_label(p)}: stored {key} {p[key]:.6g} is not what its median gives ({mine:.6g})")
+    # The floor: at least the compute and bandwidth floors of its traffic, at most those or every kernel at a
+    # whole launch (how launches count has changed between versions of the harness; these bounds have not);
+    # the roof fraction is the floor over the median.
+    floor, kernels = p.get("floor_us"), int(launches.get("direct", 1)) + int(launches.get("graph", 0))
+    if _finite(floor) and p.get("launches"):  # without its launches recorded, no bound from above
+        low = max(placed.compute_floor_us, placed.bandwidth_floor_us)
+        high = max(low, max(kernels, 1) * roofs["launch_us"])
+        if not low * (1 - AGREE) <= floor <= high * (1 + AGREE):
+            out.append(f"{_label(p)}: stored floor {floor:.6g} us is outside what its traffic and launches allow "
+                       f"({low:.6g}-{high:.6g} us)")
+        elif _finite(p.get("roof_fraction")) and abs(p["roof_fraction"] - floor / p["median_us"]) > AGREE * (
+                floor / p["median_us"]):
+            out.append(f"{_label(p)}: stored roof_fraction {p['roof_fraction']:.6g} is not its floor over its "
+                       f"median ({floor / p['median_us']:.6g})")
     return out
 
 
@@ -133,6 +146,21 @@ def _over(claim: dict) -> str | None:
     return claim.get("over")
 
 
+def judged(case, doc: dict) -> list[dict]:
+    """The case's claims judged from the stored points (and the stored paired timings' rounds): what the
+    page shows, whatever the file says of them."""
+    stored = [c for c in doc.get("claims") or [] if isinstance(c, dict)]
+    by_text = {c.text: c for c in case.claims}
+    for c in stored:
+        claim = by_text.get(c.get("text"))
+        if claim is not None and claim.kind == "speedup":
+            c.setdefault("over", claim.over)
+    slug = (doc.get("hardware") or {}).get("slug", "")
+    points = [p for p in doc.get("kernel_level") or [] if isinstance(p, dict)]
+    return evaluate(case, slug, points, doc.get("workload_level") or {}, doc.get("end_to_end") or {},
+                    _paired(stored))
+
+
 def claims_problems(case, doc: dict) -> list[str]:
     """Every claim judged again from the stored points, against the stored verdict."""
     stored = [c for c in doc.get("claims") or [] if isinstance(c, dict)]
@@ -141,13 +169,7 @@ def claims_problems(case, doc: dict) -> list[str]:
     texts = [c.text for c in case.claims]
     if [c.get("text") for c in stored] != texts:
         return ["its claims are not the case's claims (text and order)"]
-    for c, claim in zip(stored, case.claims):
-        if claim.kind == "speedup":
-            c.setdefault("over", claim.over)
-    slug = (doc.get("hardware") or {}).get("slug", "")
-    points = [p for p in doc.get("kernel_level") or [] if isinstance(p, dict)]
-    workload = doc.get("workload_level") or {}
-    again = evaluate(case, slug, points, workload, doc.get("end_to_end") or {}, _paired(stored))
+    again = judged(case, doc)
     out = []
     for mine, theirs in zip(again, stored):
         if mine["held"] != theirs.get("held"):

@@ -17,7 +17,7 @@ from typing import Callable
 from casebook import claims as claims_mod
 from casebook import hardware, interference, judge, stability
 from casebook.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
-from casebook.check import TOLERANCE
+from casebook.check import ROW_TOLERANCE, TOLERANCE
 from casebook.isolate import Worker
 from casebook.load import load_case
 from casebook.measure import Task
@@ -289,9 +289,15 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
                     "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
-                    "isolation": "one child process per variant; a crash or hang is recorded and the rest goes on",
-                    "correctness": "2 fresh random inputs before timing and 1 after; float64 reference; "
-                                   "normwise relative error; NaN/Inf fail; outputs poisoned; inputs checked unmodified"}
+                    "row_tolerances": {d: ROW_TOLERANCE[d]
+                                       for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
+                    "isolation": "one child process per variant, which only runs it; the reference in another, "
+                                 "which never runs a variant; outputs judged and times summarised in the parent; a "
+                                 "crash or hang is recorded and the rest goes on",
+                    "correctness": "2 calls on fresh random inputs before timing, 2 timed repetitions sampled as they "
+                                   "returned, 1 call after timing on new values in the same tensors; float64 "
+                                   "reference; normwise and per-row relative error; NaN/Inf fail; the allocator "
+                                   "poisoned before every call alike; inputs checked unmodified"}
     if on_gpu:
         from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, L2_FLUSH_METHOD, PIPELINED_CALLS, l2_flush_bytes
 

@@ -10,7 +10,7 @@ from casebook.load import load_case
 from casebook.paths import refusal
 from casebook.results import load as load_result
 from casebook.roofline import ceilings_apart
-from casebook.schema import Case, Result
+from casebook.schema import Case, ClaimOutcome, Result
 
 
 class BookError(ValueError):
@@ -131,9 +131,12 @@ def _attach(book: Book, path: Path) -> None:
         book.warnings.append(f"{path}: result for case {result.case_id!r}, which is not in the book; skipped")
         return
     stale = stale_reasons(entry, result)
-    forged = evidence.problems(path, None if stale else entry.case)
+    forged = evidence.problems(path)
     if forged:  # the page would show numbers the file cannot back
         raise BookError(f"{path}: not evidence: {forged[0]}")
+    if not stale:  # the case's own claims, judged from the stored points, whatever the file says of them
+        result = result.model_copy(update={"claims": [ClaimOutcome.model_validate(c)
+                                                      for c in evidence.judged(entry.case, result.model_dump())]})
     stored = StoredResult(result, path, stale)
     entry.results.append(stored)
 
