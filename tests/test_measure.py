@@ -33,10 +33,12 @@ def task(fn: str, dtype: str = "fp32", **kw) -> Task:
 # (task, status, words in the error)
 EXPECTED = [
     (task("honest"), "ok", None),
-    (task("writes_nothing"), "failed", "output elements are NaN or Inf"),
-    # Unwritten memory on a CPU holds what the allocator left (no global flag fills it in the checks alone):
-    # the one row with an element unwritten is off by far more than bf16's row bound.
-    (task("writes_part", "bf16"), "failed", "worst row off by"),
+    # Unwritten memory on a CPU holds whatever the allocator left there (NaN where the poisoned block came
+    # back, zeros or an old answer elsewhere): failed, for one reason or another.
+    (task("writes_nothing"), "failed", None),
+    # The same for one element left unwritten (no global flag fills new memory in the checks alone): NaN, or
+    # a row off by far more than bf16's row bound.
+    (task("writes_part", "bf16"), "failed", None),
     (task("mutates_input"), "failed", "input 'x' was modified"),
     (task("returns_nan"), "failed", "1 of 64000 output elements are NaN or Inf"),
     (task("returns_subclass"), "failed", "returned Lazy, not a plain torch.Tensor"),
