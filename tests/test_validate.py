@@ -427,7 +427,8 @@ def test_strict_tells_a_torch_compile_variant_that_inductor_runs_on_a_cpu(make_c
 
 
 def test_check_flags_a_tolerance_far_above_the_dtypes(make_case, line_of):
-    path = make_case({"    - name: eager\n      fn: eager\n": "    - name: eager\n      fn: eager\n      tolerance: 0.5\n"})
+    eager = "    - name: eager\n      fn: eager\n"
+    path = make_case({eager: eager + "      tolerance: 0.5\n"})
     store_result(path)
     [flag] = [str(w) for w in validate([path], strict=True).warnings if "tolerance" in w.field]
     assert flag.startswith(f"{path}:{line_of(path, 'tolerance: 0.5')}: kernel.variants.0.tolerance: warning: variant "
