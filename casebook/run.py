@@ -47,7 +47,7 @@ def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
 def _roofs(ceilings: dict, dtype: str) -> dict:
     return {"compute_tflops": ceilings["matmul_tflops"].get(dtype, ceilings["matmul_tflops"]["fp32"]),
             "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
-            "graph_launch_us": ceilings["graph_launch_us"]}
+            "graph_launch_us": ceilings["graph_launch_us"], "busy": bool(ceilings.get("unstable"))}
 
 
 def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None) -> dict:
@@ -271,7 +271,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
             point = {"variant": name, "shape": task.shape, "dtype": task.dtype, **p}
             point.pop("traceback", None)
             if task.kind == "point" and (unstable := stability.reasons(point, task.device)):
-                point["unstable"] = unstable
+                point["unstable"] = point.get("unstable", []) + unstable
             if task.kind == "end_to_end":
                 e2e_runs[name] = p
             elif task.level == "kernel":

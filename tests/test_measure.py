@@ -166,3 +166,18 @@ def test_a_cold_graph_point_is_timed_on_inputs_taken_in_turn(monkeypatch):
     assert len(seeds) == 32 and len(set(seeds)) == 32  # fresh random sets, not one repeated
     assert input_seeds(_task(), Protocol(graph=True, cache="warm"), 4096) == [7, 8]  # the two checked sets
     assert input_seeds(_task(), Protocol(), 4096) == [7, 8]  # events: the flush empties L2 each time
+
+
+def test_a_point_under_the_floor_of_busy_ceilings_is_unstable_not_failed():
+    """A copy ceiling measured beside a busy process reads low; a time under its floor then says more
+    about the ceiling than the kernel: the point is kept, unplaced and unstable (never published)."""
+    from casebook.judge import place_point
+
+    roofs = {"compute_tflops": 1.0, "bandwidth_gbps": 1.0, "launch_us": 1.0, "graph_launch_us": 1.0}
+    run = {"times_us": [10.0] * 20, "launches": {"direct": 1, "graph": 0}}
+    traffic = {"flops": 0.0, "bytes": 1e6}  # 1 MB at 1 GB/s: a 1000 us floor
+    quiet = place_point(replace(task("honest"), roofs={**roofs, "busy": False}), run, traffic)
+    assert quiet["status"] == "failed" and "faster than physics" in quiet["error"]
+    busy = place_point(replace(task("honest"), roofs={**roofs, "busy": True}), run, traffic)
+    assert busy["status"] == "ok" and busy["median_us"] == 10.0 and "regime" not in busy
+    assert "ceilings measured on a busy machine" in busy["unstable"][0]
