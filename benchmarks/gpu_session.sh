@@ -42,8 +42,8 @@
 #   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
 #                                                 # materialised or chunked, against Liger's fused one
 #   bash benchmarks/gpu_session.sh allreduce      # issue 35, on an nvidia-h200-x2 machine: the topology,
-#                                                 # the CPU-runnable variants' tests on the GPU, then
-#                                                 # allreduce_norm on its two ranks (results/nvidia-h200-x2/)
+#                                                 # the launcher's tests, then allreduce_norm on its two
+#                                                 # ranks (results/nvidia-h200-x2/)
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
 # run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
@@ -69,6 +69,17 @@ case "${1:-}" in
     run_case softmax_fusion 400 --counters
     timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
     cat "$out/logs/copy.txt" ;;
+  trust)  # issue 38: the split harness on a GPU (the child executes; outputs sampled on the device and
+          # copied after timing; the reference in its own child), softmax and the tiled GEMM, each compared
+          # with its committed result: the medians should agree within the usual run-to-run 2%
+    mkdir -p "$out/rerun"
+    for c in softmax_fusion gemm_tiled; do
+      timeout 280 python3 -m casebook.cli run "cases/$c.yaml" --save --results "$out/rerun" \
+        > "$out/logs/trust_$c.txt" 2>&1
+      echo "$c (split harness): exit $?"
+      python3 -m casebook.cli compare "results/nvidia-h200/$c.json" "$out/rerun/nvidia-h200/$c.json" \
+        > "$out/logs/trust_compare_$c.txt" 2>&1; tail -8 "$out/logs/trust_compare_$c.txt"
+    done ;;
   softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
     mkdir -p "$out/rerun"
     timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
@@ -203,7 +214,7 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.

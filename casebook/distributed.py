@@ -12,19 +12,21 @@ ends the others, and the task is recorded as crashed or timed out, like any vari
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import pickle
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from casebook.isolate import decode, encode
 
 RANK_TIMEOUT_S = float(os.environ.get("CASEBOOK_RANK_TIMEOUT_S", "300"))
 """All ranks of a task must answer within this (under `isolate`'s per-task limit, so the ranks are
@@ -63,7 +65,7 @@ def run_ranks(task, timeout_s: float | None = None) -> dict:
                                                   f"{torch.cuda.device_count()}"}
     timeout_s = RANK_TIMEOUT_S if timeout_s is None else timeout_s
     procs, tmp = _ranks(n, task.device)
-    outs = [tmp / f"task{_pool['tasks']}-rank{r}.json" for r in range(n)]
+    outs = [tmp / f"task{_pool['tasks']}-rank{r}.msg" for r in range(n)]
     _pool["tasks"] += 1
     try:
         for p, out in zip(procs, outs):
@@ -76,7 +78,7 @@ def run_ranks(task, timeout_s: float | None = None) -> dict:
         error += _stderr_tail(tmp, n)
         shutdown()
         return {"status": status, "error": error}
-    return merge(task, [json.loads(out.read_text()) for out in outs])
+    return merge(task, [decode(out.read_bytes()) for out in outs])
 
 
 def _ranks(n: int, device: str) -> tuple[list, Path]:
@@ -159,23 +161,31 @@ def _free_port() -> int:
 
 
 def merge(task, payloads: list[dict]) -> dict:
-    """One payload from every rank's: a rank that did not measure ok decides; else the slowest rank's."""
+    """One raw payload from every rank's (`casebook.judge` judges it as any child's): a rank that did not run
+    decides; else the slowest rank's, by its median time, with every rank's median beside it."""
     for r, p in enumerate(payloads):
-        if p.get("status") not in ("ok", "checked"):
+        if p.get("status") not in ("ran", "ok"):
             return {**p, "error": f"rank {r}: {p.get('error')}"}
-    key = {"point": "median_us", "end_to_end": "scenario_us"}.get(task.kind)
-    if task.kind == "pair":  # the rank where the claim's variant gains least
-        r = min(range(len(payloads)), key=lambda i: payloads[i]["speedup"])
-    elif key and all(key in p for p in payloads):
-        r = max(range(len(payloads)), key=lambda i: payloads[i][key])
-    else:
-        r = 0
+    key = {"point": "times_us", "end_to_end": "scenario_times_us"}.get(task.kind)
+    medians = [statistics.median(p[key]) if key and p.get(key) else None for p in payloads]
+    r = 0
+    if all(m is not None for m in medians):
+        r = max(range(len(payloads)), key=lambda i: medians[i])
     out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r}
-    if key and all(key in p for p in payloads):
-        out[f"rank_{key}"] = [p[key] for p in payloads]
-    if "max_rel_err" in out:
-        out["max_rel_err"] = max(p.get("max_rel_err", 0.0) for p in payloads)
+    if all(m is not None for m in medians):
+        out["rank_median_us"] = medians
     return out
+
+
+def measure_topology(n: int, device: str, timeout_s: float | None = None) -> dict:
+    """The devices, their link and its measured bus bandwidth, on ranks started for it alone."""
+    from casebook.measure import Task
+
+    task = Task(kind="topology", module="", variant="", fn="", shape={}, dtype="fp32", level="kernel",
+                device=device, timed=False, seed=0, protocol={}, devices=n)
+    payload = run_ranks(task, timeout_s)
+    shutdown()
+    return payload.get("topology") or {"devices": n, "error": payload.get("error") or "not measured"}
 
 
 # --- inside one rank ------------------------------------------------------------------------------
@@ -243,14 +253,15 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
         except EOFError:
             break
         try:
-            payload = work(replace(task, devices=1, protocol=lockstep(task.protocol, task.device)
-                                   if task.protocol else {}))
-            if task.kind == "traffic" and payload.get("status") == "ok":
-                payload["topology"] = topology(device)
+            if task.kind == "topology":
+                payload = {"status": "ran", "topology": topology(device)}
+            else:
+                payload = work(replace(task, devices=1, protocol=lockstep(task.protocol, task.device)
+                                       if task.protocol else {}))
             payload = {**payload, "rank": rank}
         except Exception as e:  # recorded like a raising task in `isolate`
             payload = {"status": "crashed", "error": f"{type(e).__name__}: {e}"}
-        Path(out + ".part").write_text(json.dumps(payload, default=str))
+        Path(out + ".part").write_bytes(encode(payload))  # data and tensors, never code (`isolate.encode`)
         os.replace(out + ".part", out)  # whole or absent
     with contextlib.suppress(Exception):
         dist.destroy_process_group()

@@ -30,6 +30,8 @@ The ladder:
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 import triton
@@ -43,10 +45,11 @@ from casebook.traffic import Term, Traffic
 
 
 def world() -> tuple[int, int]:
-    """(rank, ranks) of this process; (0, 1) outside a process group."""
+    """(rank, ranks) of this process; outside a process group (the reference's child) rank 0 of the
+    case's `CASEBOOK_DEVICES` (1 when unset)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return 0, int(os.environ.get("CASEBOOK_DEVICES", "1"))
 
 
 def reference(partials: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
