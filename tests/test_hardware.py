@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -61,3 +62,21 @@ def test_ceilings_apart_over_a_fifth():
     assert roofline.ceilings_apart(a, {"copy_gbps": 40.0, "matmul_tflops": {"fp32": 0.23}}) == []
     assert roofline.ceilings_apart(a, {"copy_gbps": 45.0, "matmul_tflops": {"fp32": 0.3}}) == [
         "fp32 matmul 0.2 vs 0.3 TFLOP/s"]
+
+
+def test_each_gpu_of_a_host_has_its_own_ceilings_and_is_named_in_the_result(monkeypatch):
+    """The ceilings are cached per GPU (its UUID), and the environment names the device that ran."""
+    seen = []
+
+    def smi(fields=()):
+        seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return {"uuid": f"GPU-{os.environ['CUDA_VISIBLE_DEVICES']}aa", "pci_bus_id": "00000000:19:00.0"}
+
+    monkeypatch.setattr(hardware, "_nvidia_smi", smi)
+    gpu = {"kind": "gpu", "slug": "nvidia-h200"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert hardware.ceilings_key(gpu) == "nvidia-h200-gpu-3aa"
+    assert hardware.device() == {"cuda_visible_devices": "3", "uuid": "GPU-3aa", "pci_bus_id": "00000000:19:00.0"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    assert hardware.visible_device() == "5"  # nvidia-smi's -i names the first
+    assert hardware.ceilings_key({"kind": "cpu", "slug": "cpu-x-2c-24g"}) == "cpu-x-2c-24g"

@@ -14,11 +14,9 @@ import pytest
 from casebook import pool
 from casebook.pool import Job, cpu_shares, host_devices, run_pool, worker_env
 
-from conftest import FIXTURES, SMALL_CASE
+from conftest import FIXTURES
 
 WORK = FIXTURES / "pool"
-CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
-"""Synthetic ceilings (as tests/test_run.py's): the tiny case's kernels sit far under every roof."""
 
 
 # --- placing -----------------------------------------------------------------------------------
@@ -126,39 +124,13 @@ def test_a_run_that_raises_is_recorded_not_retried():
 # --- real cases --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def book(tmp_path, monkeypatch):
-    """Two copies of the tests' scaled add (scaled_add, scaled_add_b) in a scratch book, the fixture
-    kernels importable by the workers' children, and a cache holding synthetic ceilings for this CPU."""
-    import torch
-
-    from casebook import hardware
-
-    cases = tmp_path / "cases"
-    cases.mkdir()
-    text = SMALL_CASE.read_text()
-    (cases / "scaled_add.yaml").write_text(text)
-    (cases / "scaled_add_b.yaml").write_text(text.replace("id: scaled_add ", "id: scaled_add_b "))
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    ident = hardware.identify()
-    (cache / f"ceilings-{hardware.ceilings_key(ident)}.json").write_text(json.dumps(
-        {**CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident["slug"]}))
-    monkeypatch.setenv("CASEBOOK_CACHE", str(cache))
-    monkeypatch.setattr(hardware, "CACHE_DIR", cache)
-    monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(FIXTURES / "kernels"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 @pytest.mark.slow
-def test_cpu_cases_over_two_fake_devices_land_whole_as_each_ends_and_a_killed_one_is_retried(book):
+def test_cpu_cases_over_two_fake_devices_land_whole_as_each_ends_and_a_killed_one_is_retried(small_book):
     from casebook import results
     from casebook.commands.run_many import measure_case
 
     landed, killed = [], []
-    out = book / "results"
+    out = small_book / "results"
 
     def on_event(kind, info):
         if kind == "start" and info["case"].stem == "scaled_add_b" and not killed:
@@ -191,21 +163,39 @@ def test_cpu_cases_over_two_fake_devices_land_whole_as_each_ends_and_a_killed_on
 
 
 @pytest.mark.slow
-def test_run_two_cases_over_two_devices_from_the_command_line(book, cli):
+def test_run_two_cases_over_two_devices_from_the_command_line(small_book, cli):
     r = cli("run", "cases/scaled_add.yaml", "cases/scaled_add_b.yaml", "--devices", "0,1", "--quick", "--save",
-            "--results", book / "results", "--json")
+            "--results", small_book / "results", "--json")
     assert r.exit_code in (0, 1), r.output  # 1 only where a claim or point failed; the run itself ran
     rows = json.loads(r.stdout[r.stdout.index("["):r.stdout.rindex("]") + 1])
     assert [row["status"] for row in rows] == ["ok", "ok"] and all(row["stored"] for row in rows), rows
     assert sorted(d for row in rows for d in row["devices"]) == ["0", "1"]
-    stored = sorted((book / "results").glob("*/*.json"))
+    stored = sorted((small_book / "results").glob("*/*.json"))
     assert [p.name for p in stored] == ["scaled_add.json", "scaled_add_b.json"]
 
 
-def test_run_refuses_a_case_that_does_not_load_before_running_any(book, cli):
-    bad = book / "cases" / "scaled_add_b.yaml"
+def test_run_refuses_a_case_that_does_not_load_before_running_any(small_book, cli):
+    bad = small_book / "cases" / "scaled_add_b.yaml"
     bad.write_text(bad.read_text().replace("kind: bandwidth", "kind: sideways"))
     r = cli("run", "--all", "--devices", "0,1")
     assert r.exit_code == 2
     assert "scaled_add_b.yaml:" in r.output and "bottleneck.kind" in r.output
-    assert not (book / "cache" / "runs").exists()
+    assert not (small_book / "cache" / "runs").exists()
+
+
+def _doc(slug: str, kind: str, uuid: str, copy: float) -> dict:
+    return {"hardware": {"slug": slug, "kind": kind, "measured": {"copy_gbps": copy, "matmul_tflops": {"bf16": 800}}},
+            "environment": {"device": {"uuid": uuid}}}
+
+
+def test_two_gpus_are_one_machine_to_the_site_only_where_their_ceilings_agree():
+    from casebook.commands.run_many import ceilings_agreement
+
+    agree = ceilings_agreement([_doc("nvidia-h200", "gpu", "GPU-a", 4000), _doc("nvidia-h200", "gpu", "GPU-b", 3900),
+                                _doc("nvidia-h200", "gpu", "GPU-a", 4000)])
+    assert agree == ["nvidia-h200: the ceilings of its 2 devices agree: one machine to the site"]
+    [apart] = ceilings_agreement([_doc("nvidia-h200", "gpu", "GPU-a", 4000), _doc("nvidia-h200", "gpu", "GPU-c", 2500)])
+    assert "device GPU-c's ceilings are apart from GPU-a's (copy 4e+03 vs 2.5e+03 GB/s)" in apart
+    assert "two machines" in apart
+    assert ceilings_agreement([_doc("cpu-x", "cpu", None, 20), _doc("cpu-x", "cpu", None, 9)]) == []
+
