@@ -39,6 +39,9 @@
 #                                                 # (needs the peers extra: pip install -e '.[peers]')
 #   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
 #                                                 # materialised or chunked, against Liger's fused one
+#   bash benchmarks/gpu_session.sh pool           # on a host of several GPUs: the whole book side by side,
+#                                                 # one worker a GPU (casebook run --all --save), the table
+#                                                 # of what ran where, whether the GPUs' ceilings agree
 # Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its
 # run's log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt). The script
 # writes $OUT/results.tgz itself: a command that tars into the same name after it overwrites it.
@@ -184,7 +187,15 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer" >&2; exit 2 ;;
+  pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
+         # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
+         # GPU measures its own ceilings first (~1 min); the book is ~12 cases of 3-7 min on one H200
+    nvidia-smi --query-gpu=index,uuid,pci.bus_id,clocks.max.sm --format=csv,noheader
+    timeout 580 python3 -m casebook.cli run --all --save --results "$out/results" \
+      > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
+    echo "pool: exit $?"; cat "$out/logs/pool.txt"
+    grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|pool" >&2; exit 2 ;;
 esac
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"

@@ -75,11 +75,18 @@ def run_on_ray(jobs: list[Job], work: Work, args: dict, *, address: str | None, 
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
     remote = ray.remote(_task)
     started = time.monotonic()
-    refs = {remote.options(**task_options(job, hardware)).remote(work, str(job.case), args): i
-            for i, job in enumerate(jobs)}
-    for job in jobs:
-        emit("start", {"case": job.case, "devices": (), "attempt": 1, "pid": None})
+    offered = ray.cluster_resources()
     outcomes: dict[int, Outcome] = {}
+    refs = {}
+    for i, job in enumerate(jobs):
+        opts = task_options(job, hardware)
+        short = lacking(opts, offered)
+        if short:  # Ray would hold it for a node that is not there
+            outcomes[i] = Outcome(job, "unplaced", error=short, where="ray")
+            emit("done", {"outcome": outcomes[i]})
+            continue
+        refs[remote.options(**opts).remote(work, str(job.case), args)] = i
+        emit("start", {"case": job.case, "devices": (), "attempt": 1, "pid": None})
     waiting = list(refs)
     while waiting:
         ready, waiting = ray.wait(waiting, num_returns=1)
@@ -87,6 +94,14 @@ def run_on_ray(jobs: list[Job], work: Work, args: dict, *, address: str | None, 
         outcomes[i] = _outcome(jobs[i], ready[0], time.monotonic() - started)
         emit("done", {"outcome": outcomes[i]})
     return [outcomes[i] for i in range(len(jobs))]
+
+
+def lacking(opts: dict, offered: dict) -> str | None:
+    """What the cluster lacks, in all, of what a task asks for (None: it offers enough)."""
+    wants = {"GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
+    short = [f"{n:g} {name} (the cluster offers {offered.get(name, 0):g})" for name, n in wants.items()
+             if n and offered.get(name, 0) < n]
+    return "needs " + ", ".join(short) if short else None
 
 
 def _outcome(job: Job, ref, waited: float) -> Outcome:

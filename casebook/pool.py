@@ -155,11 +155,14 @@ def run_pool(jobs: list[Job], devices: list[str], work: Work, args: dict, *,
     each case ends: the caller keeps and stores it there).
     """
     pool = _Pool(jobs, devices, work, args, on_event or (lambda kind, info: None), retries)
+    before = _on_terminate()
     try:
         pool.dispatch()
-    finally:  # interrupted (Ctrl-C): no worker outlives the pool
+    finally:  # interrupted (Ctrl-C, a time limit's SIGTERM): no worker outlives the pool
         for _, r in pool.running.values():
             _end(r.proc, died=True)
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
     return [pool.outcomes[i] for i in range(len(jobs))]
 
 
@@ -234,6 +237,18 @@ class _Pool:
             error = f"{msg[1]}\n{msg[2]}"
         self.finish(i, Outcome(r.job, status, r.devices, doc=doc, error=error, attempts=attempts, seconds=seconds,
                                where="device " + ",".join(r.devices)))
+
+
+def _on_terminate():
+    """SIGTERM (`timeout`, a batch system) ends the pool as Ctrl-C does, through its `finally`: the workers
+    run in process groups of their own, out of reach of a signal to the caller's. The handler it replaces."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: left as it is
+        return None
 
 
 def _pick(free: list[str], devices: list[str], need: int, failed_on: set[str]) -> tuple[str, ...] | None:
