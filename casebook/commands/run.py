@@ -80,16 +80,18 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
 
 
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
-            progress, say) -> dict:
+            progress, say, ceilings: dict | None = None) -> dict:
     """One case's run (`casebook.run.run_case`), its counters if asked, the command line that made it: the
     result document, not yet kept. A checkpoint is kept after each variant but the last (`keep`), so a run
-    cut short leaves what it measured. The same for one case here and for each case of a pool or a cluster."""
+    cut short leaves what it measured. The same for one case here and for each case of a pool or a cluster
+    (`ceilings`: the machine's, measured once for a CPU pool's workers; else this device's, cached)."""
     from casebook import results, run
 
     def checkpoint(partial: dict) -> None:
         results.save_as(partial, results.run_path(results.runs_dir(), partial))
 
-    doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress, checkpoint=checkpoint)
+    doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress, checkpoint=checkpoint,
+                       ceilings=ceilings)
     if counters:
         from casebook import counters as counters_mod
 

@@ -23,7 +23,8 @@ def measure_case(case: Path, args: dict, progress) -> dict:
 
     argv = ["casebook", "run", Path(case).as_posix(), *args["flags"]]
     return measure(case, variants=args["variants"], quick=args["quick"], counters=args["counters"],
-                   timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None)
+                   timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None,
+                   ceilings=args.get("ceilings"))
 
 
 def jobs_of(paths: list[Path], say: Console) -> list[Job] | None:
@@ -86,10 +87,10 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
             from casebook import pool
 
             devs = pool.host_devices(devices)
-            if not pool.gpu_indices():  # one CPU's ceilings, measured once before workers share them
+            if not pool.gpu_indices():  # one CPU's ceilings, measured once, before its workers share them out
                 from casebook import hardware as hardware_mod
 
-                hardware_mod.ceilings()
+                args["ceilings"] = hardware_mod.ceilings()
             board.devices(devs)
             outcomes = pool.run_pool(jobs, devs, measure_case, args, on_event=on_event)
     wall = time.monotonic() - start
