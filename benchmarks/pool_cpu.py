@@ -47,14 +47,17 @@ def main() -> int:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="pool-cpu-"))
     seed = root / "seed"
+    seed.mkdir()
     subprocess.run([sys.executable, "-m", "casebook.cli", "hardware"], env={**os.environ, "CASEBOOK_CACHE": str(seed)},
                    check=True, capture_output=True)
+    if not list(seed.glob("ceilings-*.json")):  # measured on a busy machine: never cached, so measured in each run
+        print("the ceilings were measured busy and not cached: each run measures its own, once, before its cases")
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"cores {len(os.sched_getaffinity(0))}; uptime: {uptime}")
     runs = []
     for devices in ("0", "0,1"):
         cache = root / f"cache-{devices.replace(',', '-')}"
-        shutil.copytree(seed, cache)
+        shutil.copytree(seed, cache, dirs_exist_ok=True)
         r = run(args.cases, devices, cache)
         runs.append(r)
         print(f"--devices {devices}: {r['wall_s']:.0f} s wall, exit {r['exit']}, load {r['load_before']} -> "
