@@ -27,9 +27,12 @@ def measure_case(case: Path, args: dict, progress) -> dict:
                    ceilings=args.get("ceilings"))
 
 
-def jobs_of(paths: list[Path], say: Console) -> list[Job] | None:
+def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> list[Job] | None:
     """A job a case, taking the devices its `topology.devices` names; None (after every problem printed,
-    `file:line: field: message`) where any case does not load."""
+    `file:line: field: message`) where any case does not load or would not end well (`casebook.preflight`)."""
+    from rich.text import Text
+
+    from casebook.commands.run import preflight_problem
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, load_case
 
@@ -41,6 +44,10 @@ def jobs_of(paths: list[Path], say: Console) -> list[Job] | None:
             print_problems(getattr(e, "errors", None) or [e], say)
             bad = True
             continue
+        if why := preflight_problem(Path(path), results_dir, save):
+            say.print(Text(why, style="red"))
+            bad = True
+            continue
         jobs.append(Job(Path(path), case.topology.devices))
     return None if bad else jobs
 
@@ -48,7 +55,7 @@ def jobs_of(paths: list[Path], say: Console) -> list[Job] | None:
 def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | None, hardware: str | None,
          variants, quick: bool, counters: bool, json_out: bool, results_dir: Path, timeout: float, save: bool,
          force: bool, flags: list[str]) -> int:
-    jobs = jobs_of(paths, console)
+    jobs = jobs_of(paths, console, results_dir, save)
     if jobs is None:
         return 2
     if not jobs:
