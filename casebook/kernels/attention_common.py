@@ -36,6 +36,9 @@ from casebook.traffic import Term
 
 LOG2E = 1.4426950408889634
 
+REFERENCE_ELEMENTS = 2**28
+"""Float64 scores the reference holds at once (2 GB): it walks the queries in chunks of that many."""
+
 # --- shapes, reference, inputs ----------------------------------------------------------------------
 
 
@@ -65,7 +68,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     k = k.repeat_interleave(h // hkv, dim=1)
     v = v.repeat_interleave(h // hkv, dim=1)
     out = torch.empty_like(q)
-    rows = max(1, 2**28 // (b * h * skv))
+    rows = max(1, REFERENCE_ELEMENTS // (b * h * skv))
     mask = visible(sq, skv, dev) if causal else None
     for r0 in range(0, sq, rows):
         s = q[:, :, r0:r0 + rows] @ k.transpose(-1, -2) * d**-0.5
