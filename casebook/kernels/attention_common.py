@@ -191,7 +191,8 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
     a shape, as a model builds it once a batch), whose empty blocks are skipped. CUDA only: compiled on a CPU it
     is Inductor's C++ and minutes of compiles, and eager FlexAttention materialises the scores."""
     if not q.is_cuda:
-        raise NotImplementedError("FlexAttention is timed compiled, on a GPU (Inductor's CPU path compiles C++ per shape)")
+        raise NotImplementedError("FlexAttention is timed compiled, on a GPU (Inductor's CPU path compiles C++ "
+                                  "per shape)")
     from torch.nn.attention.flex_attention import create_block_mask
 
     b, h, hkv, sq, skv, d = dims(q, k)
@@ -255,7 +256,7 @@ def _kv_bounds(start_m, SQ, SKV, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BL
 
 
 @triton.jit
-def _flash_fwd_kernel(Q, K, V, O, qk_scale, H, GROUP, SQ, SKV,
+def _flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, H, GROUP, SQ, SKV,
                       sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -270,10 +271,10 @@ def _flash_fwd_kernel(Q, K, V, O, qk_scale, H, GROUP, SQ, SKV,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = Q + b.to(tl.int64) * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :]
+    q_ptrs = q_ptr + b.to(tl.int64) * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=offs_m[:, None] < SQ, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + hk * skh + offs_d[:, None] + offs_n[None, :] * skn  # [HEAD_DIM, BLOCK_N]
-    v_base = V + b.to(tl.int64) * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
+    k_base = k_ptr + b.to(tl.int64) * skb + hk * skh + offs_d[:, None] + offs_n[None, :] * skn  # [HEAD_DIM, BLOCK_N]
+    v_base = v_ptr + b.to(tl.int64) * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :]  # [BLOCK_N, HEAD_DIM]
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a row masked so far rescales by 2^0, not NaN
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -290,12 +291,12 @@ def _flash_fwd_kernel(Q, K, V, O, qk_scale, H, GROUP, SQ, SKV,
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, qk_scale, offs_m, offs_n, n0, off, SKV,
                                 True, CAUSAL, UPCAST)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l = 0 only on padding rows past SQ, never stored
-    o_ptrs = O + b.to(tl.int64) * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=offs_m[:, None] < SQ)
+    o_ptrs = o_ptr + b.to(tl.int64) * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < SQ)
 
 
 @triton.jit
-def _flash_fwd_tma_kernel(Q, K, V, O, qk_scale, B, H, HKV, GROUP, SQ, SKV,
+def _flash_fwd_tma_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qk_scale, B, H, HKV, GROUP, SQ, SKV,
                           sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                           CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
                           WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -309,13 +310,13 @@ def _flash_fwd_tma_kernel(Q, K, V, O, qk_scale, B, H, HKV, GROUP, SQ, SKV,
     b = bh // H
     h = bh % H
     hk = h // GROUP
-    q_desc = tl.make_tensor_descriptor(Q, shape=[B, H, SQ, HEAD_DIM], strides=[sqb, sqh, sqm, 1],
+    q_desc = tl.make_tensor_descriptor(q_ptr, shape=[B, H, SQ, HEAD_DIM], strides=[sqb, sqh, sqm, 1],
                                        block_shape=[1, 1, BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K, shape=[B, HKV, SKV, HEAD_DIM], strides=[skb, skh, skn, 1],
+    k_desc = tl.make_tensor_descriptor(k_ptr, shape=[B, HKV, SKV, HEAD_DIM], strides=[skb, skh, skn, 1],
                                        block_shape=[1, 1, BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, shape=[B, HKV, SKV, HEAD_DIM], strides=[svb, svh, svn, 1],
+    v_desc = tl.make_tensor_descriptor(v_ptr, shape=[B, HKV, SKV, HEAD_DIM], strides=[svb, svh, svn, 1],
                                        block_shape=[1, 1, BLOCK_N, HEAD_DIM])
-    o_desc = tl.make_tensor_descriptor(O, shape=[B, H, SQ, HEAD_DIM], strides=[sob, soh, som, 1],
+    o_desc = tl.make_tensor_descriptor(o_ptr, shape=[B, H, SQ, HEAD_DIM], strides=[sob, soh, som, 1],
                                        block_shape=[1, 1, BLOCK_M, HEAD_DIM])
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -335,7 +336,7 @@ def _flash_fwd_tma_kernel(Q, K, V, O, qk_scale, B, H, HKV, GROUP, SQ, SKV,
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, tl.trans(k), v, qk_scale, offs_m, offs_n, n0, off, SKV,
                                 True, CAUSAL, UPCAST)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_desc.store([b, h, start_m * BLOCK_M, 0], o.to(O.dtype.element_ty).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    o_desc.store([b, h, start_m * BLOCK_M, 0], o.to(o_ptr.dtype.element_ty).reshape(1, 1, BLOCK_M, HEAD_DIM))
 
 
 def _prefill_configs() -> list:
@@ -408,7 +409,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 
 @triton.jit
-def _decode_split(Q, K, V, O, LSE, PART, COUNT, qk_scale, HKV, GROUP, SQ, SKV, CHUNK, SPLITS,
+def _decode_split(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, part_ptr, count_ptr, qk_scale, HKV, GROUP, SQ, SKV, CHUNK,
+                  SPLITS,
                   sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
                   DIRECT: tl.constexpr, FUSED: tl.constexpr):
@@ -427,10 +429,10 @@ def _decode_split(Q, K, V, O, LSE, PART, COUNT, qk_scale, HKV, GROUP, SQ, SKV, C
     head = hk * GROUP + offs_r // SQ
     tok = offs_r % SQ
     q_off = b.to(tl.int64) * sqb + head[:, None] * sqh + tok[:, None] * sqm + offs_d[None, :]
-    q = tl.load(Q + q_off, mask=r_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + q_off, mask=r_ok[:, None], other=0.0)
     limit = SKV - SQ + tok  # the causal mask: draft token t sees keys up to its position
-    k_base = K + b.to(tl.int64) * skb + hk * skh + offs_d[:, None] + offs_n[None, :] * skn
-    v_base = V + b.to(tl.int64) * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :]
+    k_base = k_ptr + b.to(tl.int64) * skb + hk * skh + offs_d[:, None] + offs_n[None, :] * skn
+    v_base = v_ptr + b.to(tl.int64) * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :]
     m_i = tl.full([ROWS], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
@@ -451,25 +453,25 @@ def _decode_split(Q, K, V, O, LSE, PART, COUNT, qk_scale, HKV, GROUP, SQ, SKV, C
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l = 0: a split whose keys a draft token cannot see
     o_off = b.to(tl.int64) * sob + head[:, None] * soh + tok[:, None] * som + offs_d[None, :]
     if DIRECT:
-        tl.store(O + o_off, o.to(O.dtype.element_ty), mask=r_ok[:, None])
+        tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
     else:
         slot = bk.to(tl.int64) * SPLITS + split
-        tl.store(LSE + slot * ROWS + offs_r,
+        tl.store(lse_ptr + slot * ROWS + offs_r,
                  tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf")))
-        tl.store(PART + (slot * ROWS + offs_r[:, None]) * HEAD_DIM + offs_d[None, :], o)
+        tl.store(part_ptr + (slot * ROWS + offs_r[:, None]) * HEAD_DIM + offs_d[None, :], o)
         if FUSED:
             # The split-K semaphore: every thread's partial stored (the barrier), one release-acquire
             # arrival; the split that arrives last merges, reading the others' partials from L2 (.cg), and
             # resets the counter for the next launch on the stream.
             tl.debug_barrier()
-            arrived = tl.atomic_add(COUNT + bk, 1, sem="acq_rel")
+            arrived = tl.atomic_add(count_ptr + bk, 1, sem="acq_rel")
             if arrived == SPLITS - 1:
-                _combine_rows(LSE, PART, O, bk, o_off, r_ok, SPLITS, ROWS, HEAD_DIM)
-                tl.atomic_xchg(COUNT + bk, 0)
+                _combine_rows(lse_ptr, part_ptr, o_ptr, bk, o_off, r_ok, SPLITS, ROWS, HEAD_DIM)
+                tl.atomic_xchg(count_ptr + bk, 0)
 
 
 @triton.jit
-def _combine_rows(LSE, PART, O, bk, o_off, r_ok, SPLITS, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _combine_rows(lse_ptr, part_ptr, o_ptr, bk, o_off, r_ok, SPLITS, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
     # o = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M the running max of the splits' lse.
     offs_r = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -478,8 +480,8 @@ def _combine_rows(LSE, PART, O, bk, o_off, r_ok, SPLITS, ROWS: tl.constexpr, HEA
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     for s in range(SPLITS):
         slot = bk.to(tl.int64) * SPLITS + s
-        lse = tl.load(LSE + slot * ROWS + offs_r, cache_modifier=".cg")
-        part = tl.load(PART + (slot * ROWS + offs_r[:, None]) * HEAD_DIM + offs_d[None, :], cache_modifier=".cg")
+        lse = tl.load(lse_ptr + slot * ROWS + offs_r, cache_modifier=".cg")
+        part = tl.load(part_ptr + (slot * ROWS + offs_r[:, None]) * HEAD_DIM + offs_d[None, :], cache_modifier=".cg")
         m_new = tl.maximum(m, lse)
         alpha = tl.math.exp2(m - m_new)
         w = tl.math.exp2(lse - m_new)
@@ -487,11 +489,11 @@ def _combine_rows(LSE, PART, O, bk, o_off, r_ok, SPLITS, ROWS: tl.constexpr, HEA
         acc = acc * alpha[:, None] + w[:, None] * part
         m = m_new
     o = acc / w_sum[:, None]
-    tl.store(O + o_off, o.to(O.dtype.element_ty), mask=r_ok[:, None])
+    tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
 
 
 @triton.jit
-def _decode_combine(LSE, PART, O, HKV, GROUP, SQ, SPLITS, sob, soh, som,
+def _decode_combine(lse_ptr, part_ptr, o_ptr, HKV, GROUP, SQ, SPLITS, sob, soh, som,
                     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
     # The second launch of split-KV: one program per (batch, KV head) merges its splits' partials.
     bk = tl.program_id(0)
@@ -502,7 +504,7 @@ def _decode_combine(LSE, PART, O, HKV, GROUP, SQ, SPLITS, sob, soh, som,
     head = hk * GROUP + offs_r // SQ
     tok = offs_r % SQ
     o_off = b.to(tl.int64) * sob + head[:, None] * soh + tok[:, None] * som + offs_d[None, :]
-    _combine_rows(LSE, PART, O, bk, o_off, offs_r < GROUP * SQ, SPLITS, ROWS, HEAD_DIM)
+    _combine_rows(lse_ptr, part_ptr, o_ptr, bk, o_off, offs_r < GROUP * SQ, SPLITS, ROWS, HEAD_DIM)
 
 
 MIN_CHUNK = 16 if INTERPRET else 256

@@ -39,7 +39,8 @@ def main() -> None:
                       f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"prefill {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
-    decode = [(8, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 131072, 128), (64, 32, 8, 1, 4096, 128), (8, 32, 8, 4, 32768, 128)]
+    decode = [(8, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 131072, 128), (64, 32, 8, 1, 4096, 128),
+              (8, 32, 8, 4, 32768, 128)]
     for b, h, hkv, sq, skv, d in decode:
         x = ac.make_qkv(b, h, hkv, sq, skv, d, torch.bfloat16, "cuda", g)
         ref = ac.reference(**x, causal=True)
