@@ -30,6 +30,8 @@
 #                                                 # per transpose variant under ncu (the naive kernels' waste)
 #   bash benchmarks/gpu_session.sh decode         # decode_chain's GPU tests (the grid barrier), then its run
 #                                                 # with DRAM counters
+#   bash benchmarks/gpu_session.sh layout         # transpose then decode_chain, with counters, in one call
+#   bash benchmarks/gpu_session.sh norms-xent     # rmsnorm then cross_entropy, with counters, in one call
 #   bash benchmarks/gpu_session.sh norms-rms      # the norm family's GPU tests, then rmsnorm with counters
 #   bash benchmarks/gpu_session.sh norms-fused    # rmsnorm_residual, rmsnorm_backward with counters
 #   bash benchmarks/gpu_session.sh norms-layer    # layernorm, layernorm_backward with counters
@@ -161,6 +163,14 @@ case "${1:-}" in
     timeout 180 python3 -m pytest -q -x tests/kernels/test_decode_chain_gpu.py > "$out/logs/decode_gpu_pytest.txt" 2>&1
     echo "decode gpu pytest: exit $?"; tail -3 "$out/logs/decode_gpu_pytest.txt"
     run_case decode_chain $((575 - SECONDS)) --counters ;;
+  layout)  # issue 34 in one call: transpose, then decode_chain, each with DRAM counters (their GPU-only
+           # tests are the `transpose` and `decode` entries; each run checks every variant at its shapes)
+    run_case transpose 280 --counters
+    run_case decode_chain $((580 - SECONDS)) --counters ;;
+  norms-xent)  # issue 31 in one call: rmsnorm, then cross_entropy, each with DRAM counters (Liger in both)
+    python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING"
+    run_case rmsnorm 250 --counters
+    run_case cross_entropy $((580 - SECONDS)) --counters ;;
   norms-rms)  # issue 23's cases, call 1: the norms' GPU tests, then rmsnorm (bf16 and fp32) with counters;
                # the Liger rungs skip, with the reason, where liger-kernel is not installed
     python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
@@ -203,8 +213,11 @@ case "${1:-}" in
                     # (do_bench, warm L2): compile, agreement with float64, a first rate. ~2 min
     timeout 300 python3 benchmarks/explore/attention/triton_smoke.py > "$out/logs/attention_smoke.txt" 2>&1
     echo "smoke: exit $?"; cat "$out/logs/attention_smoke.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|attention-prefill|attention-decode|attention-smoke" >&2; exit 2 ;;
+  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|attention-prefill|attention-decode|attention-smoke" >&2; exit 2 ;;
 esac
-tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun)
+# The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
+# with `casebook record`.
+tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/rerun" && echo rerun) \
+  $(test -d "$out/cache/runs" && echo cache/runs)
 rm -rf "$out/results" "$out/logs" "$out/rerun" "$out/cache"
 ls -la "$out"

@@ -15,10 +15,14 @@ from pathlib import Path
 
 import yaml
 
+from casebook import stability
+from casebook.interference import Window
 from casebook.schema import slug
 
 CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "casebook"))
-CEILINGS_VERSION = 4
+CEILINGS_VERSION = 5
+"""Bumped when what is cached changes meaning; 5: only ceilings measured on a quiet machine are cached, so
+an older cache, which may hold a busy machine's, is measured again."""
 
 MATMUL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 28672, 4096), (2048, 2048, 16384)]
 """m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: gemm_tiled shapes
@@ -168,23 +172,56 @@ def _git() -> dict:
 
 # --- measured ceilings -------------------------------------------------------------------------
 
+CEILING_ATTEMPTS = 3
+"""Measurements of the ceilings before a busy machine's are used as they are (and not cached)."""
+
+
 def ceilings(remeasure: bool = False) -> dict:
-    """Measured ceilings of this machine, from the cache unless asked to measure again."""
+    """Measured ceilings of this machine, from the cache unless asked to measure again.
+
+    Only a measurement taken on a quiet machine (`casebook.stability`'s bounds on other processes' CPU
+    and on waiting for a CPU) is cached: a copy ceiling measured beside a busy process read 3.7 GB/s on
+    a 2-core box whose quiet copy is several times that, and every honest kernel timed against it later
+    was refused as faster than physics. A busy measurement is taken again, up to `CEILING_ATTEMPTS`
+    times, keeping each ceiling's best (interference only ever slows); if the machine stays busy, the
+    ceilings are used for this run with the reasons under `unstable`, and measured again next time."""
     import torch
 
     ident = identify()
     path = CACHE_DIR / f"ceilings-{ident['slug']}.json"
     if not remeasure and path.exists():
         cached = json.loads(path.read_text())
-        if cached.get("version") == CEILINGS_VERSION and cached.get("torch") == torch.__version__:
+        if (cached.get("version") == CEILINGS_VERSION and cached.get("torch") == torch.__version__
+                and not cached.get("unstable")):
             return cached
-    measured = measure_gpu() if ident["kind"] == "gpu" else measure_cpu()
+    measure = measure_gpu if ident["kind"] == "gpu" else measure_cpu
+    measured: dict = {}
+    for _ in range(CEILING_ATTEMPTS):
+        window = Window()
+        attempt = measure()
+        reading = window.close()
+        measured = best_of(measured, attempt) if measured else attempt
+        # On a GPU the ceilings are the device's: the host's other processes do not slow a copy or a matmul
+        # there, and the measurement rests the clock between matmuls, so only a CPU's reading is judged.
+        busy = stability.reasons({"interference": reading}, "cpu") if ident["kind"] == "cpu" else []
+        measured.update(interference=reading, unstable=busy or None)
+        if not measured["unstable"]:
+            break
     measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"])
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(measured, indent=1))
-    tmp.replace(path)
+    if not measured["unstable"]:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(measured, indent=1))
+        tmp.replace(path)
     return measured
+
+
+def best_of(a: dict, b: dict) -> dict:
+    """Two measurements of the ceilings merged, each ceiling at its best: the higher rate, the lower cost."""
+    return {**b, "copy_gbps": max(a["copy_gbps"], b["copy_gbps"]),
+            "matmul_tflops": {d: max(a["matmul_tflops"].get(d, 0.0), v) for d, v in b["matmul_tflops"].items()},
+            "launch_us": min(a["launch_us"], b["launch_us"]),
+            "graph_launch_us": min(a["graph_launch_us"], b["graph_launch_us"])}
 
 
 # Ceilings take the fastest repetition, not the median: interference only ever slows a run down, and a

@@ -108,11 +108,10 @@ def target_roofs(target: str, registry: dict[str, dict], source: Result,
 
 def project_point(point: Point, source: MachineRoofs, target: MachineRoofs) -> Projection | None:
     """The band for one timed point, or None where the point was not placed on the roofline."""
-    extra = point.model_extra or {}
     if point.status != "ok" or not point.median_us or point.regime is None or not point.roof_fraction:
         return None
     flops, moved = point.flops or 0.0, point.bytes or 0.0
-    launch_floor_us = extra.get("launch_floor_us") or 0.0
+    launch_floor_us = point.launch_floor_us or 0.0
     common = dict(variant=point.variant, shape=point.shape, dtype=point.dtype, source_us=point.median_us,
                   regime=point.regime, roof_fraction=point.roof_fraction, bound=BOUNDS[point.regime])
     if point.regime == "launch":

@@ -474,7 +474,7 @@ class Point(Open):
                                                              "microseconds.")
     bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds.")
     launch_floor_us: float | None = Field(
-        default=None, description="One launch, then each further kernel at its in-graph cost, microseconds.")
+        default=None, description="Every kernel at its cost inside a CUDA graph, microseconds.")
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof "
                                                                   "reached.")
     regime: Regime | None = Field(default=None, description="Which roof bounds this point: compute, bandwidth or "

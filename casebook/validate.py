@@ -465,6 +465,10 @@ def unpublishable(case: Case, doc: dict) -> list[str]:
         why.append(f"records {len(unstable)} unstable point(s) (timed on a busy machine, or too scattered), first "
                    f"{p.get('variant')} {shape} {p.get('dtype')}: {'; '.join(p['unstable'])}; run it again on a quiet "
                    "machine")
+    busy = ((doc.get("hardware") or {}).get("measured") or {}).get("unstable")
+    if busy:
+        why.append(f"was placed on ceilings measured on a busy machine ({'; '.join(busy)}); run it again on a "
+                   "quiet machine")
     e2e = doc.get("end_to_end") or {}
     if e2e.get("status") == "failed":
         why.append(f"records a failed end-to-end scenario: {e2e.get('error')}")

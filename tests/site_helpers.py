@@ -42,6 +42,14 @@ def copy_cases(dest: Path) -> Path:
     return dest
 
 
+def unnamed_transfer(case_text: str, operator: str) -> str:
+    """A case's YAML with its transfer to `operator` naming no case: the site then shows the transfer by
+    every case of that operator."""
+    named = f"  - operator: {operator}\n    case: {operator}\n"
+    assert named in case_text, f"no transfer to {operator} naming its case"
+    return case_text.replace(named, f"  - operator: {operator}\n")
+
+
 @contextmanager
 def env(**values: str):
     old = {k: os.environ.get(k) for k in values}

@@ -30,3 +30,20 @@ def test_history_page_lists_the_slower_step(repo):  # noqa: F811
 def test_history_outside_git_is_empty(tmp_path):
     entry = Entry(SimpleNamespace(id="toy", title="Toy"), tmp_path / "toy.yaml")
     assert outlook.case_history(entry, tmp_path) == ([], [])
+
+
+def test_a_case_page_has_a_projected_tab_per_registry_gpu_without_a_result():
+    from casebook.render.pages import case_page
+
+    book = load_book(Path("cases"), Path("results"))
+    entry = book.get("softmax_fusion")
+    page = case_page(entry, book, {})
+    section = page[page.index("## Projected on other GPUs"):]
+    assert "Projected, not measured" in section and "No claim is judged on a projection" in section
+    assert '=== "NVIDIA B200 (projected)"' in section and '=== "NVIDIA H100 SXM (projected)"' in section
+    assert "(projected)" not in page[:page.index("## Projected on other GPUs")]
+    assert '=== "NVIDIA H200 SXM (projected)"' not in section  # measured there: no projection
+    [b200] = [t for t in outlook.case_projections(entry, book) if t["slug"] == "nvidia-b200"]
+    [h200] = [r for r in entry.results if r.slug == "nvidia-h200"]
+    timed = [p for p in h200.result.kernel_level if p.status == "ok" and p.regime]
+    assert len(b200["points"]) == len(timed) and all(r["band"] != "–" for r in b200["points"])

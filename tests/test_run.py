@@ -476,3 +476,12 @@ def test_the_declared_intensity_is_checked_against_the_traffic_model(make_case, 
                      f"(from results/{stored.parent.name}/softmax_fusion.json)")
     path.write_text(path.read_text().replace("arithmetic_intensity: 10\n", "arithmetic_intensity: 1.3\n"))
     assert not [e for e in validate([path], strict=True).errors if "FLOP/byte" in str(e)], "4% apart: within 10%"
+
+
+def test_the_report_of_a_model_without_flops_states_the_declared_intensity(capsys):
+    """A transpose's model moves bytes and does no FLOPs: 0 FLOP/byte modelled and declared, no ratio to
+    take (the H200's transpose run crashed here, after its timings, before storing them)."""
+    from casebook.commands import run as command
+
+    command._intensity({"shape": {"n": 1024}, "dtype": "bf16", "modelled": 0.0, "declared": 0.0})
+    assert "gives 0 FLOP/byte, the case declares 0" in capsys.readouterr().out

@@ -18,7 +18,7 @@ import pytest
 
 from casebook.render.book import load_book
 
-from site_helpers import build_site, copy_cases, copy_results
+from site_helpers import build_site, copy_cases, copy_results, unnamed_transfer
 
 pytestmark = pytest.mark.slow  # site builds and child-process runs
 
@@ -75,7 +75,9 @@ def book_site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser")
     cases = copy_cases(tmp / "cases")
     # A case of an operator the softmax case transfers to: the transfer graph must link the two.
-    softmax = (cases / "softmax_fusion.yaml").read_text()
+    # The softmax case's rmsnorm transfer names no case here, so every rmsnorm case shows it.
+    softmax = unnamed_transfer((cases / "softmax_fusion.yaml").read_text(), "rmsnorm")
+    (cases / "softmax_fusion.yaml").write_text(softmax)
     (cases / "rms_fixture.yaml").write_text(softmax.replace("\nid: softmax_fusion\n", "\nid: rms_fixture\n")
                                             .replace("\noperator: softmax\n", "\noperator: rmsnorm\n"))
     results = copy_results(tmp / "results", cases)
@@ -237,7 +239,8 @@ def test_the_transfer_graph_links_an_operator_to_the_cases_of_it(watched):
     page.add_init_script("""const attach = Element.prototype.attachShadow;
         Element.prototype.attachShadow = function (init) { return attach.call(this, {...init, mode: 'open'}); };""")
     page.goto(f"{base}/browse/transfers/")
-    row = page.locator("tr", has_text="rmsnorm").first
+    row = (page.locator("tr", has_text="Fused softmax")  # the softmax case's transfer to rmsnorm
+           .filter(has=page.get_by_role("link", name="rmsnorm", exact=True)).first)
     assert row.locator('a[href*="cases/rms_fixture/"]').count() == 1  # "Shown by" the rmsnorm case
     page.locator(".mermaid svg").first.wait_for(timeout=20_000)
     labels = page.locator(".mermaid svg").first.text_content()

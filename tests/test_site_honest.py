@@ -15,7 +15,7 @@ import pytest
 
 from casebook.render import text
 
-from site_helpers import REPO, build_site, copy_cases, copy_results
+from site_helpers import REPO, build_site, copy_cases, copy_results, unnamed_transfer
 
 FIXTURE_CPU = "cpu-x86-64-2c"
 
@@ -198,8 +198,10 @@ def fixture_case(softmax_text: str, case_id: str, operator: str) -> str:
 
 
 def test_the_transfer_graph_links_an_operator_to_its_cases(tmp_path, plot_cache, softmax_text):
-    site = built_with(tmp_path, plot_cache, extra_cases={"rms_fixture": fixture_case(softmax_text, "rms_fixture",
-                                                                                     "rmsnorm")})
+    # The book's softmax case with its rmsnorm transfer naming no case: every rmsnorm case shows it.
+    softmax = unnamed_transfer((REPO / "cases" / "softmax_fusion.yaml").read_text(), "rmsnorm")
+    fixture = fixture_case(softmax_text, "rms_fixture", "rmsnorm")
+    site = built_with(tmp_path, plot_cache, extra_cases={"softmax_fusion": softmax, "rms_fixture": fixture})
     html = (site / "browse" / "transfers" / "index.html").read_text()
     row = next(r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if ">rmsnorm<" in r and "Fused softmax" in r)
     assert 'href="../../cases/rms_fixture/"' in row  # "Shown by" the rmsnorm case, not "–"

@@ -183,7 +183,8 @@ def report(doc: dict) -> None:
     m = hw["measured"]
     out.print(f"[bold]{escape(doc['case_id'])}[/bold] on {escape(hw['name'])} ({hw['slug']}): copy "
               f"{_rate(m['copy_gbps'], 'B/s', 1e9)}, launch {m['launch_us']:.1f} us, matmul " +
-              ", ".join(f"{k} {_rate(v, 'FLOP/s', 1e12)}" for k, v in m["matmul_tflops"].items()) + " (measured)")
+              ", ".join(f"{k} {_rate(v, 'FLOP/s', 1e12)}" for k, v in m["matmul_tflops"].items()) + " (measured)"
+              + (f" [yellow]on a busy machine: {escape('; '.join(m['unstable']))}[/]" if m.get("unstable") else ""))
     out.print(_points_table("Level 1: the single-kernel limit", doc["kernel_level"]))
     first = [f"{v['name']} {v['first_call_s']:.3g} s (max {v['first_call_s_max']:.3g} s)"
              for v in doc["variants"] if v.get("first_call_s") is not None]
@@ -254,8 +255,10 @@ def _intensity(rec: dict) -> None:
         return
     line = (f"[bold]Arithmetic intensity[/bold] at {shape_label(rec['shape'])} {rec['dtype']}: the traffic model "
             f"gives {rec['modelled']:.4g} FLOP/byte")
-    if rec.get("declared") is not None:
+    if rec.get("difference") is not None:
         line += f", the case declares {rec['declared']:g} ({rec['difference']:+.1%})"
+    elif rec.get("declared") is not None:  # a model of no FLOPs (a copy, a transpose): no ratio to take
+        line += f", the case declares {rec['declared']:g}"
         if rec.get("flagged"):
             line += f" [bold red]more than {rec['tolerance']:.0%} apart: `casebook check` flags it[/]"
     out.print(line, highlight=False)

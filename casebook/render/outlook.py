@@ -50,8 +50,16 @@ def case_projections(entry: Entry, book: Book) -> list[dict]:
         except ProjectionError:
             continue
         out.append({"slug": target, "name": spec["name"], "basis": roofs.basis, "source": source.hardware_name,
-                    "rows": _variant_rows(points, best_variant(entry, source))})
+                    "rows": _variant_rows(points, best_variant(entry, source)), "points": _point_rows(points)})
     return out
+
+
+def _point_rows(points: list[Projection]) -> list[dict]:
+    """Every projected level-1 point, as the case page's projected tab lists it."""
+    return [{"shape": text.shape_short(p.shape), "variant": p.variant, "dtype": p.dtype, "source": text.us(p.source_us),
+             "band": (text.us(p.optimistic_us) if math.isclose(p.optimistic_us, p.pessimistic_us, rel_tol=5e-3)
+                      else f"{text.num(p.optimistic_us)}–{text.us(p.pessimistic_us)}"),
+             "regime": p.regime, "bound": p.bound} for p in points]
 
 
 def _variant_rows(points: list[Projection], best: str | None) -> list[dict]:

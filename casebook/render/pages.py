@@ -15,7 +15,7 @@ import jinja2
 import yaml
 from markupsafe import Markup
 
-from casebook.render import links, text, views
+from casebook.render import links, outlook, text, views
 from casebook.render.book import Book, Entry, kernel_source
 from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
 
@@ -95,6 +95,8 @@ def case_page(entry: Entry, book: Book, images: dict[tuple[str, str], str]) -> s
         machines=machines,
         shapes_words="; ".join(text.shape(s) for s in c.levels.kernel.shapes),
         claims=_claims(entry, machines),
+        projected=outlook.case_projections(entry, book),
+        projections_url=links.rel(page, outlook.PROJECTIONS),
         counters=any(m.counters for m in machines),
         notes=text.markdown_html(c.writeup.notes) if c.writeup.notes.strip() else None,
         source=text.code_html(source) if source is not None else None,
