@@ -396,8 +396,16 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if tma and tma_supported(q, k, v, o):
         triton.set_allocator(_tma_alloc)
         grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), b * h)  # noqa: E731
-        _flash_fwd_tma[grid](q, k, v, o, qk_scale, b, h, hkv, h // hkv, sq, skv, *strides,
-                             CAUSAL=causal, HEAD_DIM=d, UPCAST=not q.is_cuda, WARP_SPECIALIZE=warp_specialize)
+        try:
+            _flash_fwd_tma[grid](q, k, v, o, qk_scale, b, h, hkv, h // hkv, sq, skv, *strides,
+                                 CAUSAL=causal, HEAD_DIM=d, UPCAST=not q.is_cuda, WARP_SPECIALIZE=warp_specialize)
+        except triton.CompilationError as e:
+            if not warp_specialize:
+                raise
+            # Triton's automatic warp specialisation is not built for every GPU and release: say so (the point
+            # is skipped with the compiler's reason) rather than time the TMA kernel under this rung's name.
+            raise NotImplementedError(f"this Triton ({triton.__version__}) cannot warp-specialise the K/V loop "
+                                      f"here: {str(e).splitlines()[-1][:300]}") from None
     else:
         grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), b * h)  # noqa: E731
         _flash_fwd[grid](q, k, v, o, qk_scale, h, h // hkv, sq, skv, *strides,
@@ -507,6 +515,18 @@ def _decode_combine(lse_ptr, part_ptr, o_ptr, HKV, GROUP, SQ, SPLITS, sob, soh, 
     _combine_rows(lse_ptr, part_ptr, o_ptr, bk, o_off, offs_r < GROUP * SQ, SPLITS, ROWS, HEAD_DIM)
 
 
+def _decode_configs() -> list:
+    if INTERPRET:
+        return [triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    # Bytes in flight per SM are what stream the cache: K and V tiles of 64-128 keys x d, 2-4 stages deep.
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bn, w, st in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4))]
+
+
+DECODE_KEY = ["SKV", "CHUNK", "SPLITS", "ROWS", "HEAD_DIM", "DIRECT", "FUSED"]
+_decode_split_tuned = triton.autotune(configs=_decode_configs(), key=DECODE_KEY)(_decode_split)
+
+
 MIN_CHUNK = 16 if INTERPRET else 256
 """Fewest keys a split reads (at head_dim 128, 128 KB of K and V): below it a program's ramp and its partial's
 write cost more than the parallelism buys. Also the unit splits are rounded to, a multiple of every BLOCK_N.
@@ -566,12 +586,10 @@ def decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         lse = torch.empty(b * hkv * splits * rows, device=q.device, dtype=torch.float32)
         part = torch.empty(b * hkv * splits * rows * d, device=q.device, dtype=torch.float32)
         count = _counters(b * hkv, q.device) if fused else lse
-    block_n, warps, stages = (16, 4, 1) if INTERPRET else (64, 4, 3)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
-    _decode_split[(b * hkv, splits)](q, k, v, o, lse, part, count, d**-0.5 * LOG2E, hkv, group, sq, skv, chunk,
-                                     splits, *strides, ROWS=rows, HEAD_DIM=d, BLOCK_N=block_n,
-                                     UPCAST=not q.is_cuda, DIRECT=direct, FUSED=fused and not direct,
-                                     num_warps=warps, num_stages=stages)
+    _decode_split_tuned[(b * hkv, splits)](q, k, v, o, lse, part, count, d**-0.5 * LOG2E, hkv, group, sq, skv, chunk,
+                                           splits, *strides, ROWS=rows, HEAD_DIM=d, UPCAST=not q.is_cuda,
+                                           DIRECT=direct, FUSED=fused and not direct)
     if not direct and not fused:
         _decode_combine[(b * hkv,)](lse, part, o, hkv, group, sq, splits, *o.stride()[:3],
                                     ROWS=rows, HEAD_DIM=d, num_warps=4)
