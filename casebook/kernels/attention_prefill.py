@@ -3,9 +3,9 @@
 What you will learn: a prompt's attention does 4 B H S_q S_kv d FLOPs (two GEMMs, QK^T and PV; half of
 them under the causal mask) on Q, K, V and O, a few hundred MB: at S = 4K, d = 128 about 1,600 FLOP per
 byte, ten times the H200's ridge point. But written as three ops it writes the [S_q, S_kv] score matrix
-and its probabilities to memory and reads them back, ~26 bytes per score element in bf16: at S = 4K that
-is 14 GB against the 0.34 GB of Q, K, V and O, and the composite is bandwidth-bound on bytes the maths
-never needed. The flash forward tiles Q and streams K/V tiles past each Q tile with an online softmax
+and its probabilities to memory and reads them back, ~26 bytes per score element in bf16: at batch 4,
+S = 4K that is 56 GB against the 0.34 GB of Q, K, V and O, and the composite is bandwidth-bound on bytes
+the maths never needed. The flash forward tiles Q and streams K/V tiles past each Q tile with an online softmax
 (the running max and sum of softmax_fusion's long rows), so the scores live in registers; under the
 causal mask the tiles past the diagonal are not visited at all, and only the diagonal tiles are masked.
 Then the work is the tensor cores' (tile shapes, pipelining, TMA, warp specialisation), as in gemm_tiled.
