@@ -70,6 +70,17 @@ case "${1:-}" in
     run_case softmax_fusion 400 --counters
     timeout 40 python3 benchmarks/copy_reference.py "$out/logs/copy.json" > "$out/logs/copy.txt" 2>&1
     cat "$out/logs/copy.txt" ;;
+  trust)  # issue 38: the split harness on a GPU (the child executes; outputs sampled on the device and
+          # copied after timing; the reference in its own child), softmax and the tiled GEMM, each compared
+          # with its committed result: the medians should agree within the usual run-to-run 2%
+    mkdir -p "$out/rerun"
+    for c in softmax_fusion gemm_tiled; do
+      timeout 280 python3 -m casebook.cli run "cases/$c.yaml" --save --results "$out/rerun" \
+        > "$out/logs/trust_$c.txt" 2>&1
+      echo "$c (split harness): exit $?"
+      python3 -m casebook.cli compare "results/nvidia-h200/$c.json" "$out/rerun/nvidia-h200/$c.json" \
+        > "$out/logs/trust_compare_$c.txt" 2>&1; tail -8 "$out/logs/trust_compare_$c.txt"
+    done ;;
   softmax-rerun)  # a second full run in a fresh process, compared with the committed result (run to run)
     mkdir -p "$out/rerun"
     timeout 400 python3 -m casebook.cli run cases/softmax_fusion.yaml --save --results "$out/rerun" \
@@ -213,7 +224,7 @@ case "${1:-}" in
                     # (do_bench, warm L2): compile, agreement with float64, a first rate. ~2 min
     timeout 300 python3 benchmarks/explore/attention/triton_smoke.py > "$out/logs/attention_smoke.txt" 2>&1
     echo "smoke: exit $?"; cat "$out/logs/attention_smoke.txt" ;;
-  *) echo "usage: $0 softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|attention-prefill|attention-decode|attention-smoke" >&2; exit 2 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|attention-prefill|attention-decode|attention-smoke" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.

@@ -69,11 +69,23 @@ class Timing:
     interference: dict = field(default_factory=dict)
     """What else the machine did over the repetitions (`interference.Window`): raw readings, judged by
     `casebook.stability`."""
+    times: list[float] = field(default_factory=list)
+    """Every repetition's time, in microseconds: the raw data the parent summarises again."""
+
+
+_perf_counter_ns = time.perf_counter_ns
+"""The clock the harness reads, bound when casebook.bench is imported, before any kernel module: a kernel
+module that rebinds `time.perf_counter_ns` (or `time.perf_counter`) changes no timing."""
+_cuda_synchronize = torch.cuda.synchronize
+_CudaEvent = torch.cuda.Event
+_event_record = torch.cuda.Event.record
+_event_elapsed = torch.cuda.Event.elapsed_time
+"""The same for the device's events: a module that monkeypatches `torch.cuda.Event` times nothing here."""
 
 
 def _sync(device: str) -> None:
     if device == "cuda":
-        torch.cuda.synchronize()
+        _cuda_synchronize()
 
 
 def l2_bytes() -> int:
@@ -125,41 +137,124 @@ def _get_flusher() -> _L2Flusher:
     return _flusher
 
 
+@dataclass
+class Step:
+    """One call of the function being timed, and what `drive` does around it: all of it outside the
+    interval between `t0` and `t1` (and between the `start` and `end` events) but the call itself."""
+
+    prepare: Callable[[], object] | None = None
+    flush: Callable[[], object] | None = None
+    sleep_cycles: int = 0
+    start: object = None
+    end: object = None
+    sync: str | None = None
+    t0: int = 0
+    t1: int = 0
+    t2: int = 0
+    """After the sync (`sync`: the device to wait for), in ns: a first call's time includes its wait."""
+
+
+def drive(call: Callable[[], object], schedule) -> object:
+    """Make every call of `call` that `schedule` (a generator of `Step`s, sent each call's output) asks for,
+    here, in this one frame, and return the schedule's value.
+
+    A check, a warm-up call, a timed repetition and a call after timing are the same frame with the same
+    caller: a function that inspects its call stack cannot tell them apart (docs/method.md, "The trust
+    boundary")."""
+    try:
+        step = next(schedule)
+    except StopIteration as e:
+        return e.value
+    while True:
+        if step.prepare is not None:
+            step.prepare()
+        if step.flush is not None:
+            step.flush()
+        if step.sleep_cycles:
+            torch.cuda._sleep(step.sleep_cycles)
+        if step.start is not None:
+            _event_record(step.start)
+        step.t0 = _perf_counter_ns()
+        out = call()
+        step.t1 = _perf_counter_ns()
+        if step.end is not None:
+            _event_record(step.end)
+        if step.sync:
+            _sync(step.sync)
+        step.t2 = _perf_counter_ns()
+        try:
+            step = schedule.send(out)
+        except StopIteration as e:
+            return e.value
+        finally:
+            out = None  # the next call runs with this one's output freed, as in a loop that drops it
+
+
 def time_fn(fn: Callable[[], object], device: str, protocol: Protocol = Protocol(), input_sets: int = 1) -> Timing:
     """Time `fn()` (which launches the work) on `device`: 'cuda' or 'cpu'. `input_sets`: how many
     different inputs `fn` takes in turn; a CUDA graph captures at least that many calls."""
-    fn()  # a caller that has not called fn yet pays JIT / autotune / compile here, outside the timing
-    _sync(device)
+    return drive(fn, timing_schedule(device, protocol, input_sets, graph_call=fn))
 
-    deadline = time.perf_counter() + protocol.warmup_ms / 1e3
+
+def _ignore(out: object) -> None:
+    return None
+
+
+def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, observe=None, prepare=None,
+                    graph_call: Callable[[], object] | None = None):
+    """The steps of a timing, for `drive`; returns the `Timing`. `observe(out)` sees each timed
+    repetition's output as the call returns (outside its time); `prepare` runs before every call.
+
+    The first call (JIT / autotune / compile, for a caller that has not called yet) is outside the timing;
+    then warm-up until steady, the host's issue time (GPU), and repetitions until the median is stable."""
+    observe = observe or _ignore
+    yield Step(prepare=prepare, sync=device)
+    deadline = _perf_counter_ns() + protocol.warmup_ms * 1e6
     host: list[float] = []
-    while len(host) < 2 or time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e6)
-        _sync(device)
-    host_us = host_issue_us(fn, host) if device == "cuda" else 0.0
-    slack = 0.0  # the events sampler's delay; none on a CPU or in a graph
+    while len(host) < 2 or _perf_counter_ns() < deadline:
+        st = Step(prepare=prepare, sync=device)
+        yield st
+        host.append((st.t1 - st.t0) / 1e3)
+    host_us = slack = 0.0  # the events sampler's delay; none on a CPU or in a graph
+    if device == "cuda":
+        # Back to back, as a loop of calls would issue them (`pipelined_host_us`); the lesser of the two.
+        steps = [Step(prepare=prepare) for _ in range(max(2, min(len(host), PIPELINED_CALLS)))]
+        steps[-1].sync = device
+        for st in steps:
+            yield st
+        host_us = min(float(np.median(host)), float(np.median([(s.t1 - s.t0) / 1e3 for s in steps])))
+    cold = protocol.cache == "cold"
     if device != "cuda":
-        sample, timer = _cpu_sampler(fn, protocol.cache == "cold"), "time.perf_counter_ns"
+        sample, timer = _cpu_sampler(cold, prepare), "time.perf_counter_ns"
     elif protocol.graph:
-        sample, timer = _cuda_graph_sampler(fn, max(GRAPH_CALLS, input_sets)), "cuda graph replay"
+        graph = _cuda_graph_sampler(graph_call, max(GRAPH_CALLS, input_sets))
+        sample, timer = _passive(graph), "cuda graph replay"
     else:
         slack = slack_us(host, protocol.host_slack_us)
-        sample, timer = _cuda_sampler(fn, protocol.cache == "cold", slack), "cuda events"
+        sample, timer = _cuda_sampler(cold, slack, prepare), "cuda events"
 
     times: list[float] = []
     window = interference.Window()
-    cap = time.perf_counter() + protocol.time_cap_s
+    cap = _perf_counter_ns() + protocol.time_cap_s * 1e9
     batch = protocol.min_reps
     while True:
-        times.extend(sample(batch))
+        times.extend((yield from sample(batch, observe)))
         enough = len(times) >= protocol.min_reps
         if enough and (median_stable(times, protocol.target_ci) or len(times) >= protocol.max_reps
-                       or time.perf_counter() > cap):
+                       or _perf_counter_ns() > cap):
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    return Timing(summarize(times), timer, host_us, slack, window.close())
+    return Timing(summarize(times), timer, host_us, slack, window.close(), times=times)
+
+
+def _passive(sampler: Callable[[int], list[float]]):
+    """A sampler that makes its calls itself (a graph's replays), as a schedule's step."""
+
+    def sample(n: int, observe):
+        return sampler(n)
+        yield  # a generator that asks `drive` for no call
+
+    return sample
 
 
 PIPELINED_CALLS = 20
@@ -203,22 +298,19 @@ def slack_us(host_times_us: list[float], fixed: float | None = None) -> float:
     return max(HOST_SLACK_US, HOST_SLACK_MARGIN * float(np.percentile(host_times_us, 90)))
 
 
-def _cuda_sampler(fn: Callable[[], object], flush: bool, slack: float) -> Callable[[int], list[float]]:
+def _cuda_sampler(flush: bool, slack: float, prepare=None):
+    """Repetitions timed by device events, each behind an L2 flush (cold) and a device-side delay that hides
+    the host's issue time; the events are made before the batch and read after it."""
     flusher = _get_flusher() if flush else None
     cycles = int(slack * 2000)  # at least `slack` us at any SM clock up to 2 GHz
 
-    def sample(n: int) -> list[float]:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        for s, e in zip(starts, ends):
-            if flusher is not None:
-                flusher()
-            torch.cuda._sleep(cycles)
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    def sample(n: int, observe):
+        steps = [Step(prepare=prepare, flush=flusher, sleep_cycles=cycles, start=_CudaEvent(enable_timing=True),
+                      end=_CudaEvent(enable_timing=True)) for _ in range(n)]
+        steps[-1].sync = "cuda"
+        for st in steps:
+            observe((yield st))
+        return [_event_elapsed(s.start, s.end) * 1e3 for s in steps]
 
     return sample
 
@@ -274,16 +366,12 @@ def _cpu_flush() -> None:
     _cpu_flush_buffer.add_(1)  # not zero_(): large memsets use non-temporal stores, which bypass the cache
 
 
-def _cpu_sampler(fn: Callable[[], object], flush: bool) -> Callable[[int], list[float]]:
-    def sample(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            if flush:
-                _cpu_flush()
-            t0 = time.perf_counter_ns()
-            fn()
-            out.append((time.perf_counter_ns() - t0) / 1e3)
-        return out
+def _cpu_sampler(flush: bool, prepare=None):
+    def sample(n: int, observe):
+        steps = [Step(prepare=prepare, flush=_cpu_flush if flush else None) for _ in range(n)]
+        for st in steps:
+            observe((yield st))
+        return [(s.t1 - s.t0) / 1e3 for s in steps]
 
     return sample
 

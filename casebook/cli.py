@@ -105,11 +105,12 @@ def list_cases(
 @app.command()
 def schema(
     out: Annotated[Optional[Path], typer.Option(help="Write here instead of standard output.")] = None,
+    result: Annotated[bool, typer.Option("--result", help="The result format's instead of the case format's.")] = False,
 ) -> None:
-    """Write the JSON Schema of the case format (for editors' yaml-language-server)."""
+    """Write the JSON Schema of the case format (for editors' yaml-language-server), or of the result format."""
     from casebook.commands import schema as impl
 
-    raise typer.Exit(impl.main(out))
+    raise typer.Exit(impl.main(out, result))
 
 
 @app.command()

@@ -190,9 +190,13 @@ def ceilings(remeasure: bool = False) -> dict:
     ident = identify()
     path = CACHE_DIR / f"ceilings-{ident['slug']}.json"
     if not remeasure and path.exists():
-        cached = json.loads(path.read_text())
-        if (cached.get("version") == CEILINGS_VERSION and cached.get("torch") == torch.__version__
-                and not cached.get("unstable")):
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cached = {}
+        if (isinstance(cached, dict) and cached.get("version") == CEILINGS_VERSION
+                and cached.get("torch") == torch.__version__ and not cached.get("unstable")
+                and not ceilings_implausible(cached, ident)):
             return cached
     measure = measure_gpu if ident["kind"] == "gpu" else measure_cpu
     measured: dict = {}
@@ -214,6 +218,20 @@ def ceilings(remeasure: bool = False) -> dict:
         tmp.write_text(json.dumps(measured, indent=1))
         tmp.replace(path)
     return measured
+
+
+def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
+    """Why cached ceilings cannot be this machine's (empty: they can): a rate that is no positive number, or
+    one beyond the datasheet's peak (`evidence.ceilings_problems`). The cache is a file any process of the
+    user can write, a variant's child among them: read back, it is measured again rather than believed."""
+    from casebook.evidence import ceilings_problems
+
+    rates = [measured.get("copy_gbps"), measured.get("launch_us"),
+             *((measured.get("matmul_tflops") or {}).values() if isinstance(measured.get("matmul_tflops"), dict)
+               else [None])]
+    if not all(isinstance(r, (int, float)) and r > 0 and r == r and r != float("inf") for r in rates):
+        return ["a ceiling is not a positive number"]
+    return ceilings_problems({"measured": measured, "datasheet": ident.get("datasheet") or {}})
 
 
 def best_of(a: dict, b: dict) -> dict:

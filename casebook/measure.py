@@ -1,25 +1,40 @@
-"""What one child process does for one task: check, time, re-check, place on the roofline.
+"""What a variant's child process does for one task: run the contributed code, and nothing more.
 
-Runs inside `isolate.run_isolated`; imports the case's kernel module, which validation never does.
+Runs inside an `isolate.Worker`; imports the case's kernel module, which validation never does. It judges
+nothing. It sends back the outputs of the variant's calls (the first two on fresh inputs, a sample of the
+timed repetitions chosen as each call returned, one after timing on new contents in the same tensors),
+the raw time of every repetition and what it saw; `casebook.judge`, in the parent that never imports the
+module, compares them with the reference (`casebook.oracle`, another child), summarises, places and
+decides (docs/method.md, "The trust boundary").
+
+Every call is made by `bench.drive`, one frame whatever the phase; the allocator is poisoned before
+every call alike; no global flag is set for some calls and not others: a variant cannot tell a check
+from a timed call by its stack, a flag, or the inputs' identity (two sets taken in turn; the last call
+finds new values in the first set's tensors), nor by counting calls (the sampled ones are picked after
+they return).
 """
 
 from __future__ import annotations
 
 import importlib
-import itertools
-import time
+import random
+import sys
 from dataclasses import dataclass, field
 
-from casebook import autotune
+from casebook import autotune, bench
+from casebook.judge import launch_count  # noqa: F401 (the launch floor, kept importable here)
 
 KERNELS_PACKAGE = "casebook.kernels"
+
+SAMPLES = 2
+"""Timed repetitions whose outputs are kept (reservoir sampling: each call kept, or not, as it returns)."""
 
 
 @dataclass(frozen=True)
 class Task:
     """One unit of measurement: a variant at a shape and dtype (levels 1, 2) or in the scenario (level 3)."""
 
-    kind: str  # "point" | "end_to_end" | "pair" | "traffic"
+    kind: str  # "point" | "end_to_end" | "pair"
     module: str
     variant: str
     fn: str
@@ -42,6 +57,45 @@ class Task:
     """kind "pair": the variant a speedup claim is measured against, and its function."""
 
 
+# --- what the variant may not rebind -------------------------------------------------------------------
+
+
+def _identities() -> dict[str, int]:
+    """id() of what the harness in this process relies on: the clocks, the device's events and sync, the
+    tensor methods that copy outputs out, and every function of casebook's modules loaded here."""
+    import time
+
+    import torch
+
+    found = {f"time.{n}": id(getattr(time, n)) for n in ("perf_counter", "perf_counter_ns", "monotonic", "time")}
+    for label, owner, names in (("torch.cuda", torch.cuda, ("Event", "synchronize", "_sleep")),
+                                ("torch.cuda.Event", torch.cuda.Event, ("record", "elapsed_time", "synchronize")),
+                                ("torch.Tensor", torch.Tensor,
+                                 ("clone", "cpu", "copy_", "to", "detach", "contiguous", "numpy", "view")),
+                                ("torch", torch, ("full", "equal", "empty"))):
+        found.update({f"{label}.{n}": id(getattr(owner, n, None)) for n in names})
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("casebook.") and not name.startswith(KERNELS_PACKAGE + "."):
+            found.update({f"{name}.{k}": id(v) for k, v in vars(mod).items() if callable(v)})
+    return found
+
+
+_HARNESS = _identities()
+"""Taken when this module is imported: in the child, before any kernel module."""
+
+
+def rebound() -> list[str]:
+    """Names of the harness's clocks, checkers and copies that no longer are what they were at import."""
+    now = _identities()
+    return sorted(k for k, v in _HARNESS.items() if now.get(k) != v)
+
+
+def loaded_kernel_modules() -> list[str]:
+    """The kernel modules this process has imported (static imports, and any imported at run time)."""
+    prefix = KERNELS_PACKAGE + "."
+    return sorted({k[len(prefix):].split(".")[0] for k in list(sys.modules) if k.startswith(prefix)})
+
+
 def work(task: Task) -> dict:
     """Entry point in the child."""
     import torch
@@ -51,173 +105,219 @@ def work(task: Task) -> dict:
     torch.set_num_threads(cpu_threads())  # explicit, and recorded with each point
     torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
     torch.backends.cudnn.allow_tf32 = task.dtype == "tf32"
-    mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
     try:
+        mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
         if task.kind == "end_to_end":
-            return _end_to_end(task, mod)
-        if task.kind == "pair":
-            return _pair(task, mod)
-        if task.kind == "traffic":
-            return _traffic(task, mod)
-        return _point(task, mod)
+            payload = _end_to_end(task, mod)
+        elif task.kind == "pair":
+            payload = _pair(task, mod)
+        else:
+            payload = _point(task, mod)
     except NotImplementedError as e:  # the variant's own word that it does not cover this shape
-        return {"status": "skipped", "error": f"unsupported: {e}"}
+        payload = {"status": "skipped", "error": f"unsupported: {e}"}
+    payload["loaded"] = loaded_kernel_modules()
+    payload["rebound"] = rebound()
+    return payload
 
 
-def _traffic(task: Task, mod) -> dict:
-    """The traffic model alone, at the task's shape and dtype: nothing runs but the model."""
-    from casebook.check import TORCH_DTYPES
+# --- a point: the calls and the timing --------------------------------------------------------------------
 
-    traffic = getattr(mod, task.traffic)(task.shape, TORCH_DTYPES[task.dtype])
-    return {"status": "ok", "flops": traffic.flops, "bytes": traffic.bytes}
+
+class _Rotation:
+    """Which input set the next call takes: pinned (the checks), or each in turn (the timing)."""
+
+    def __init__(self, n: int):
+        self.n, self.k, self.pin = n, -1, None
+
+    def next(self) -> int:
+        if self.pin is not None:
+            self.k = self.pin
+        else:
+            self.k = (self.k + 1) % self.n
+        return self.k
+
+
+class _Poison:
+    """Before every call: a NaN-filled block of each output's size left as the allocator's next free one,
+    so that an element the variant does not write shows (the first call: each input's size)."""
+
+    def __init__(self, device: str, shapes: list[tuple]):
+        self.device, self.shapes = device, shapes
+
+    def learn(self, out) -> None:
+        import torch
+
+        items = out if type(out) is tuple else (out,)
+        shapes = [(tuple(x.shape), x.dtype) for x in items if type(x) is torch.Tensor]
+        if shapes:
+            self.shapes = shapes
+
+    def __call__(self) -> None:
+        import torch
+
+        for shape, dtype in self.shapes:
+            if dtype.is_floating_point:
+                torch.full(shape, float("nan"), dtype=dtype, device=self.device)
+
+
+def _snapshot(x) -> dict:
+    """One returned value as the parent will see it: its type, its device and a copy taken now (a plain
+    tensor only: a subclass's own code is not run to copy it)."""
+    import torch
+
+    if type(x) is not torch.Tensor:
+        return {"type": type(x).__name__}
+    return {"type": "Tensor", "device": x.device.type, "tensor": torch.Tensor.clone(torch.Tensor.detach(x))}
+
+
+def _overlaps(a, b) -> bool:
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+
+
+def _record(role: str, seed: int, out, inputs: dict, before: dict | None) -> dict:
+    """What the parent needs to judge one call: each output (copied now) and facts about memory."""
+    import torch
+
+    items = list(out) if type(out) is tuple else [out]
+    rec = {"role": role, "seed": seed, "tuple": type(out) is tuple, "outputs": [_snapshot(x) for x in items]}
+    tensors = [(i, x) for i, x in enumerate(items) if type(x) is torch.Tensor and x.numel()]
+    ins = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.numel()}
+    rec["aliases_input"] = [[i, k] for i, x in tensors for k, v in ins.items() if _overlaps(x, v)]
+    rec["aliases_output"] = [[j, i] for a, (i, x) in enumerate(tensors) for j, y in tensors[:a] if _overlaps(x, y)]
+    if before is not None:
+        rec["modified"] = [k for k, v in before.items() if not torch.equal(inputs[k], v)]
+    return rec
+
+
+class _Reservoir:
+    """A uniform sample of `k` timed calls' outputs, each kept or not as it returns (Algorithm R, from the
+    operating system's randomness): which calls are checked is decided after they are made."""
+
+    def __init__(self, k: int, rotation: _Rotation, seeds: list[int], make):
+        self.k, self.rotation, self.seeds, self.make = k, rotation, seeds, make
+        self.kept: list[tuple[int, dict]] = []
+        self.seen = 0
+        self.rng = random.SystemRandom()
+
+    def offer(self, out) -> None:
+        self.seen += 1
+        if len(self.kept) < self.k:
+            slot = len(self.kept)
+            self.kept.append(None)
+        else:
+            slot = self.rng.randrange(self.seen)
+            if slot >= self.k:
+                return
+        self.kept[slot] = (self.seen, self.make(out, self.rotation.k))
+
+
+def _clone_inputs(inputs: dict) -> dict:
+    import torch
+
+    return {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
+
+
+def _refill(inputs: dict, fresh: dict) -> dict:
+    """`fresh`'s values written into `inputs`' own tensors (the same memory, new contents); where a value
+    cannot be written in place (another shape, a number), `fresh` as it is."""
+    import torch
+
+    same = set(inputs) == set(fresh) and all(
+        (torch.is_tensor(v) and torch.is_tensor(fresh[k]) and v.shape == fresh[k].shape and v.dtype == fresh[k].dtype)
+        or (not torch.is_tensor(v) and v == fresh[k]) for k, v in inputs.items())
+    if not same:
+        return fresh
+    for k, v in inputs.items():
+        if torch.is_tensor(v):
+            v.copy_(fresh[k])
+    return inputs
 
 
 def _point(task: Task, mod) -> dict:
-    from casebook.bench import Protocol, _sync
-    from casebook.check import TORCH_DTYPES, check
-    from casebook.roofline import FasterThanPhysics, Roofs, place
+    import torch
 
-    fn = getattr(mod, task.fn)
-    reference, make_inputs = getattr(mod, task.reference), getattr(mod, task.inputs)
-    out: dict = {"variant": task.variant, "shape": task.shape, "dtype": task.dtype}
-    # The first call of this variant at this shape and dtype pays JIT, autotuning or compilation; it
-    # happens inside the first check, so that is where it is timed (time_fn's own first call is warm).
-    first_call: list[float] = []
+    from casebook.check import TORCH_DTYPES
 
-    def timed_first(**kw):
-        if first_call:
-            return fn(**kw)
-        t0 = time.perf_counter()
-        y = fn(**kw)
-        _sync(task.device)
-        first_call.append(time.perf_counter() - t0)
-        return y
+    fn, make_inputs = getattr(mod, task.fn), getattr(mod, task.inputs)
+    dtype = TORCH_DTYPES[task.dtype]
 
-    first = check(timed_first, reference, make_inputs, task.shape, task.dtype, task.device,
-                  [task.seed, task.seed + 1], task.tolerance)
-    out.update(correct=first.correct, max_rel_err=first.max_rel_err)
-    if not first.correct:
-        return {**out, "status": "failed", "error": first.error}
-    if not task.timed:
-        return {**out, "status": "checked"}
+    def inputs(seed: int) -> dict:
+        return make_inputs(task.shape, dtype, task.device, torch.Generator().manual_seed(seed))
 
-    timing, autotuned, launches, n_sets = _timed(task, fn, Protocol(**task.protocol), make_inputs)
-    if n_sets > 1:
-        out["input_sets"] = n_sets
-    # Checked again after timing, on new inputs: a variant that caches its first answer fails here.
-    again = check(fn, reference, make_inputs, task.shape, task.dtype, task.device, [task.seed + 3], task.tolerance)
-    if not again.correct:
-        return {**out, "status": "failed", "correct": False, "error": f"after timing: {again.error}"}
+    protocol = bench.Protocol(**task.protocol) if task.timed else None
+    sets = [inputs(task.seed)]
+    nbytes = sum(t.numel() * t.element_size() for t in sets[0].values() if isinstance(t, torch.Tensor))
+    seeds = input_seeds(task, protocol, nbytes)
+    sets += [inputs(s) for s in seeds[1:]]
+    rotation = _Rotation(len(sets))
+    poison = _Poison(task.device, [(tuple(v.shape), v.dtype) for v in sets[0].values() if torch.is_tensor(v)])
 
-    traffic = getattr(mod, task.traffic)(task.shape, TORCH_DTYPES[task.dtype])
-    s = timing.summary
-    if autotuned:
-        out["autotuned"] = autotuned
-    out.update(status="ok", median_us=s.median_us, median_ci_us=[s.ci_lo_us, s.ci_hi_us], p10_us=s.p10_us,
-               p90_us=s.p90_us, cv=s.cv, repetitions=s.repetitions, first_call_s=first_call[0],
-               timer=timing.timer, flops=traffic.flops, bytes=traffic.bytes,
-               traffic_terms=traffic.as_dict()["terms"], launches=launches,
-               threads=_threads(), interference=timing.interference)
-    if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
-        from casebook.interference import gpu_state
+    def call():
+        return fn(**sets[rotation.next()])
 
-        out["interference"] = {**timing.interference, "gpu": gpu_state()}
-    roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
-                  launch_us=task.roofs["launch_us"])
-    n_launch = launch_count(launches, task.roofs)
-    try:
-        p = place(traffic.flops, traffic.bytes, n_launch, s.median_us, roofs,
-                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=timing.host_us)
-    except FasterThanPhysics as e:
-        return {**out, "status": "failed", "error": str(e)}
-    out.update(gbps=p.gbps, tflops=p.tflops, arithmetic_intensity=p.arithmetic_intensity, floor_us=p.floor_us,
-               compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
-               launch_floor_us=p.launch_floor_us, host_issue_us=timing.host_us, roof_fraction=p.roof_fraction,
-               regime=p.regime,
-               attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
-               bandwidth_roof_gbps=roofs.bandwidth_gbps)
-    return out
+    return bench.drive(call, _point_schedule(task, protocol, sets, seeds, rotation, poison, inputs, call))
+
+
+def input_seeds(task: Task, protocol, input_bytes: int) -> list[int]:
+    """The seeds of the input sets a point's calls take in turn: two; for a cold cache under CUDA-graph replay
+    (where nothing flushes L2 between the graph's calls), enough further ones that each call finds its
+    inputs in memory (`bench.input_sets`)."""
+    seeds = [task.seed, task.seed + 1]
+    if protocol is not None and task.device == "cuda" and protocol.graph and protocol.cache == "cold":
+        extra = bench.input_sets(input_bytes, bench.l2_bytes()) - len(seeds)
+        seeds += [task.seed + 10 + j for j in range(max(0, extra))]
+    return seeds
+
+
+def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], rotation: _Rotation, poison: _Poison,
+                    inputs, call):
+    calls: list[dict] = []
+    payload: dict = {"status": "ran"}
+    for j in (0, 1):  # two calls on fresh inputs; the first one pays JIT, autotuning or compilation
+        rotation.pin = j
+        before = _clone_inputs(sets[j])
+        step = bench.Step(prepare=poison, sync=task.device)
+        out = yield step
+        if j == 0:
+            payload["first_call_s"] = (step.t2 - step.t0) / 1e9
+        poison.learn(out)
+        calls.append(_record("check", seeds[j], out, sets[j], before))
+        del out
+    if task.timed:
+        rotation.pin, rotation.k = None, -1
+        reservoir = _Reservoir(SAMPLES, rotation, seeds,
+                               lambda out, k: _record("timed", seeds[k], out, sets[k], None))
+        tuners = autotune.autotuners(KERNELS_PACKAGE)
+        autotune.forget(tuners)
+        timing = yield from bench.timing_schedule(task.device, protocol, len(sets), observe=reservoir.offer,
+                                                  prepare=poison, graph_call=call)
+        for n, rec in sorted(reservoir.kept, key=lambda kr: kr[0]):
+            calls.append({**rec, "call": n})
+        payload.update(times_us=timing.times, timer=timing.timer, host_us=timing.host_us,
+                       interference=timing.interference, autotuned=autotune.picks(tuners),
+                       launches=_launches(task, call), threads=_threads(), input_sets=len(sets))
+        # After timing: new values in the first set's own tensors, so a cache keyed by the inputs' memory
+        # (or a variant that stops working once it has answered) returns a stale answer here.
+        sets[0] = _refill(sets[0], inputs(task.seed + 3))
+        rotation.pin = 0
+        before = _clone_inputs(sets[0])
+        out = yield bench.Step(prepare=poison, sync=task.device)
+        calls.append(_record("after", task.seed + 3, out, sets[0], before))
+        del out
+        if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
+            from casebook.interference import gpu_state
+
+            payload["interference"] = {**timing.interference, "gpu": gpu_state()}
+    payload["calls"] = calls
+    return payload
 
 
 def _threads() -> int:
     import torch
 
     return torch.get_num_threads()
-
-
-def _timed(task: Task, fn, protocol, make_inputs) -> tuple:
-    """Time `fn` on its timing inputs: (timing, autotuner picks, launches per call, input sets). The
-    inputs are freed on return, before the check that follows."""
-    from casebook.bench import time_fn
-
-    sets = _timed_inputs(task, protocol, make_inputs)
-    rotation = itertools.cycle(sets)
-    call = lambda: fn(**next(rotation))  # noqa: E731
-    tuners = autotune.autotuners(KERNELS_PACKAGE)
-    autotune.forget(tuners)
-    timing = time_fn(call, task.device, protocol, input_sets=len(sets))
-    return timing, autotune.picks(tuners), _launches(task, call), len(sets)
-
-
-PAIR_ROUNDS = 6
-"""Rounds of a paired timing: each times the claim's variant and the one it is measured against, in
-the order A B, B A, B A, A B, A B, B A, so that a drift in clocks over the rounds weighs on both alike."""
-
-
-def _pair(task: Task, mod) -> dict:
-    """A speedup claim's two variants timed in alternation on the same inputs, in one process.
-
-    The ladder times one variant at every shape, then the next: minutes apart on a GPU whose clock
-    follows its recent power draw. The ratio of the same two kernels read 0.96x and 0.93x in two runs
-    of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift
-    (Google Benchmark's random interleaving answers the same problem); each round's ratio is kept, and
-    the claim is judged on their median."""
-    import statistics
-
-    from casebook.bench import Protocol, time_fn
-
-    protocol = Protocol(**task.protocol)
-    sets = _timed_inputs(task, protocol, getattr(mod, task.inputs))
-    calls = {}
-    for role, name in (("variant", task.fn), ("over", task.over_fn)):
-        f, rotation = getattr(mod, name), itertools.cycle(sets)
-        calls[role] = lambda f=f, rotation=rotation: f(**next(rotation))
-    rounds = []
-    for r in range(PAIR_ROUNDS):
-        order = ("variant", "over") if r % 4 in (0, 3) else ("over", "variant")
-        us = {role: time_fn(calls[role], task.device, protocol).summary.median_us for role in order}
-        rounds.append([us["variant"], us["over"]])
-    ratios = sorted(over / mine for mine, over in rounds)
-    return {"status": "ok", "rounds_us": rounds, "speedup": statistics.median(ratios),
-            "speedup_min": ratios[0], "speedup_max": ratios[-1]}
-
-
-def _timed_inputs(task: Task, protocol, make_inputs) -> list[dict]:
-    """The inputs a point is timed on: fresh random ones, and, for a cold cache under CUDA-graph replay
-    (where nothing flushes L2 between the graph's calls), enough further copies to take in turn that each
-    call finds its inputs in memory (`bench.input_sets`)."""
-    import torch
-
-    from casebook.bench import input_sets, l2_bytes
-    from casebook.check import TORCH_DTYPES
-
-    g = torch.Generator().manual_seed(task.seed + 2)
-    new = lambda: make_inputs(task.shape, TORCH_DTYPES[task.dtype], task.device, g)  # noqa: E731
-    sets = [new()]
-    if task.device == "cuda" and protocol.graph and protocol.cache == "cold":
-        nbytes = sum(t.numel() * t.element_size() for t in sets[0].values() if isinstance(t, torch.Tensor))
-        sets += [new() for _ in range(input_sets(nbytes, l2_bytes()) - 1)]
-    return sets
-
-
-def launch_count(launches: dict, roofs: dict) -> float:
-    """The launch floor in units of one launch: every kernel at its cost inside a CUDA graph, the least a
-    kernel takes on the device. A true lower bound, whatever issues the kernels: a lone kernel timed by
-    events does not wait for the host's pace of issue (`launch_us`), and a 4 MB copy on the H200 took
-    5.5 us where back-to-back launches cost 6.6 us each. The host's own issue time is measured per
-    variant (`host_issue_us`) and decides the regime, not the gate."""
-    kernels = launches["direct"] + launches["graph"]
-    return kernels * roofs["graph_launch_us"] / roofs["launch_us"]
 
 
 _launch_counts: dict = {}
@@ -227,22 +327,67 @@ def _launches(task: Task, call) -> dict:
     """Kernels per call, counted once per variant and shape (the profiler is slow to start)."""
     if task.device != "cuda":
         return {"direct": 1, "graph": 0}
-    from casebook.bench import count_launches
-
     key = (task.variant, tuple(task.shape.items()))
     if key not in _launch_counts:
-        _launch_counts[key] = count_launches(call)
+        _launch_counts[key] = bench.count_launches(call)
     return _launch_counts[key]
 
+
+# --- a paired timing ---------------------------------------------------------------------------------
+
+
+PAIR_ROUNDS = 6
+"""Rounds of a paired timing: each times the claim's variant and the one it is measured against, in
+the order A B, B A, B A, A B, A B, B A, so that a drift in clocks over the rounds weighs on both alike."""
+
+
+def _pair(task: Task, mod) -> dict:
+    """A speedup claim's two variants timed in alternation on the same inputs, in one process; the raw
+    times of each round (`judge.pair` takes their medians and ratios).
+
+    The ladder times one variant at every shape, then the next: minutes apart on a GPU whose clock
+    follows its recent power draw. The ratio of the same two kernels read 0.96x and 0.93x in two runs
+    of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift
+    (Google Benchmark's random interleaving answers the same problem)."""
+    import torch
+
+    from casebook.check import TORCH_DTYPES
+
+    protocol = bench.Protocol(**task.protocol)
+    make = getattr(mod, task.inputs)
+    g = torch.Generator().manual_seed(task.seed + 2)
+    sets = [make(task.shape, TORCH_DTYPES[task.dtype], task.device, g) for _ in range(2)]
+    calls = {}
+    for role, name in (("variant", task.fn), ("over", task.over_fn)):
+        f, rotation = getattr(mod, name), _Rotation(len(sets))
+        calls[role] = lambda f=f, rotation=rotation: f(**sets[rotation.next()])
+    rounds = []
+    for r in range(PAIR_ROUNDS):
+        order = ("variant", "over") if r % 4 in (0, 3) else ("over", "variant")
+        times = {role: bench.time_fn(calls[role], task.device, protocol).times for role in order}
+        rounds.append([times["variant"], times["over"]])
+    return {"status": "ran", "rounds_times_us": rounds}
+
+
+# --- level 3: the scenario -----------------------------------------------------------------------------
 
 FINGERPRINT = 4096
 
 
-def _end_to_end(task: Task, mod) -> dict:
-    """Time the scenario with this variant, and the variant alone on the arguments the scenario gives it."""
+def _fingerprint(result):
     import torch
 
-    from casebook.bench import Protocol, time_fn
+    if type(result) is not torch.Tensor:
+        return {"type": type(result).__name__}
+    flat = torch.Tensor.detach(result).flatten().to("cpu", torch.float64)
+    return {"type": "Tensor", "tensor": flat[:: max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT].clone()}
+
+
+def _end_to_end(task: Task, mod) -> dict:
+    """The scenario with this variant, timed, a sample of its timed outputs kept; the variant alone on the
+    arguments the scenario gives it. Raw times; the parent summarises."""
+    import torch
+
     from casebook.check import TORCH_DTYPES
 
     fn = getattr(mod, task.fn)
@@ -256,17 +401,15 @@ def _end_to_end(task: Task, mod) -> dict:
             captured.append((args, kwargs))
         return fn(*args, **kwargs)
 
-    result = scenario(capture, **inputs)
-    flat = result.detach().flatten().to("cpu", torch.float64)
-    fingerprint = flat[:: max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT]
-    if not torch.isfinite(fingerprint).all():
-        return {"status": "failed", "error": "scenario output has NaN or Inf"}
+    first = _fingerprint(scenario(capture, **inputs))
     if not captured:
         return {"status": "failed", "error": "the scenario never called the kernel"}
-    protocol = Protocol(**task.protocol)
-    whole = time_fn(lambda: scenario(fn, **inputs), task.device, protocol).summary
+    protocol = bench.Protocol(**task.protocol)
+    rotation = _Rotation(1)
+    reservoir = _Reservoir(SAMPLES, rotation, [task.seed], lambda out, k: _fingerprint(out))
+    whole = bench.drive(lambda: scenario(fn, **inputs),
+                        bench.timing_schedule(task.device, protocol, observe=reservoir.offer))
     args, kwargs = captured[0]
-    alone = time_fn(lambda: fn(*args, **kwargs), task.device, protocol).summary
-    return {"status": "ok", "variant": task.variant, "scenario_us": whole.median_us,
-            "scenario_p10_us": whole.p10_us, "scenario_p90_us": whole.p90_us, "kernel_us": alone.median_us,
-            "kernel_p10_us": alone.p10_us, "kernel_p90_us": alone.p90_us, "fingerprint": fingerprint.tolist()}
+    alone = bench.time_fn(lambda: fn(*args, **kwargs), task.device, protocol)
+    return {"status": "ran", "variant": task.variant, "fingerprints": [first] + [fp for _, fp in reservoir.kept],
+            "scenario_times_us": whole.times, "kernel_times_us": alone.times}

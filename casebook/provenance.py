@@ -31,17 +31,23 @@ def case_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def kernel_sha256(module: str, kernels_dir: Path | None = None) -> str:
+def kernel_sha256(module: str, kernels_dir: Path | None = None, extra: list[str] | tuple = ()) -> str:
     """sha256 hex of the kernel module file's bytes, then those of every kernel module it imports,
-    directly or through another (in name order)."""
+    directly or through another, and of the `extra` ones (those a run saw its child import at run
+    time, `kernel_modules` in a result), in name order. A module named but absent counts as its name."""
     path = kernel_path(module, kernels_dir)
     digest = hashlib.sha256(path.read_bytes())
-    for dep in sorted(_imported_closure(module, path.parent) - {module}):
-        digest.update(b"\0" + dep.encode() + b"\0" + (path.parent / f"{dep}.py").read_bytes())
+    deps = imported_closure(module, path.parent)
+    for name in extra:
+        if isinstance(name, str) and re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            deps |= imported_closure(name, path.parent) | {name}
+    for dep in sorted(deps - {module}):
+        dep_path = path.parent / f"{dep}.py"
+        digest.update(b"\0" + dep.encode() + b"\0" + (dep_path.read_bytes() if dep_path.is_file() else b"<absent>"))
     return digest.hexdigest()
 
 
-def _imported_closure(module: str, folder: Path) -> set[str]:
+def imported_closure(module: str, folder: Path) -> set[str]:
     """`module` and the kernel modules in `folder` it reaches through imports."""
     seen, todo = set(), [module]
     while todo:
@@ -116,6 +122,6 @@ def stale_reasons(result: Mapping, case_path: str | Path, case: Any, kernels_dir
     module = case.kernel.module
     if not kernel_path(module, kernels_dir).is_file():
         reasons.append(f"the kernel module {module}.py is missing")
-    elif result.get("kernel_sha256") != kernel_sha256(module, kernels_dir):
+    elif result.get("kernel_sha256") != kernel_sha256(module, kernels_dir, result.get("kernel_modules") or ()):
         reasons.append(f"the kernel module {module}.py changed since the run")
     return reasons

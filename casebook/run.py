@@ -8,18 +8,23 @@ import datetime as dt
 import importlib.util
 import math
 import os
+import re
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
 from casebook import claims as claims_mod
-from casebook import hardware, interference, stability
-from casebook.bench import CPU, QUICK, Protocol
-from casebook.check import TOLERANCE
-from casebook.isolate import run_isolated
+from casebook import hardware, interference, judge, stability
+from casebook.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
+from casebook.check import ROW_TOLERANCE, TOLERANCE
+from casebook.isolate import Worker
 from casebook.load import load_case
-from casebook.measure import Task, work
-from casebook.provenance import case_sha256, kernel_path, kernel_sha256, measurement_sha256
+from casebook.measure import Task
+from casebook.measure import work as measure_work
+from casebook.oracle import OracleTask
+from casebook.oracle import work as oracle_work
+from casebook.provenance import case_sha256, imported_closure, kernel_path, kernel_sha256, measurement_sha256
 from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
 from casebook.stats import weighted_geomean
 from casebook.traffic import INTENSITY_TOLERANCE
@@ -102,6 +107,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     progress("ceilings", {"hardware": ident["name"]})
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
            "started": _now(), "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(),
+           "loaded": set(),
            "env": hardware.environment()}
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
                       cpu_threads=interference.cpu_threads())
@@ -109,6 +115,15 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     groups = plan(case, on_gpu, protocol, run["ceilings"], only)
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
 
+    with Worker(oracle_work, variant_env(interpreted=False)) as run["oracle"]:  # one for the run: it runs no variant
+        outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
+    run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
+    return assemble(run, protocol, groups, outcomes, complete=True)
+
+
+def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:
+    """Every group's tasks, the traffic model's intensity and the paired timings, into `run`; the outcomes."""
+    case = run["case"]
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
     for name, g in groups.items():
         tasks = g["tasks"]
@@ -117,13 +132,13 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         def done(i, payload, tasks=tasks):
             progress("task", {"task": tasks[i], "payload": payload})
 
-        payloads = run_isolated(work, tasks, timeout_s=timeout_s, env=child_env, on_done=done) if tasks else []
+        payloads = execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
+                           oracle=run["oracle"])
         outcomes[name] = list(zip(tasks, payloads))
         if checkpoint is not None and len(outcomes) < len(groups):
             checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
 
-    run["intensity"] = intensity_check(case, run_isolated(work, [traffic_task(case)], timeout_s=timeout_s,
-                                                          env=variant_env(interpreted=False))[0])
+    run["intensity"] = intensity_check(case, run["oracle"].request(traffic_task(case), timeout_s))
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
@@ -131,17 +146,58 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         def paired(i, payload):
             progress("task", {"task": pairs[i], "payload": payload})
 
-        payloads = run_isolated(work, pairs, timeout_s=timeout_s, env=variant_env(interpreted=False), on_done=paired)
+        payloads = execute(pairs, timeout_s=timeout_s, env=variant_env(interpreted=False), on_done=paired,
+                           loaded=run["loaded"], oracle=run["oracle"])
         run["pairs"] = list(zip(pairs, payloads))
-    return assemble(run, protocol, groups, outcomes, complete=True)
+    return outcomes
 
 
-def traffic_task(case: Case) -> Task:
+def reference_seeds(task: Task) -> set[int]:
+    """The seeds a point's calls may name (`measure._point`): two checks, the contents after timing, and
+    the further input sets of a cold graph. A record naming another gets no reference, and fails."""
+    return {task.seed, task.seed + 1, task.seed + 3} | {task.seed + 10 + j for j in range(MAX_INPUT_SETS)}
+
+
+def execute(tasks: list[Task], *, timeout_s: float, env: dict, on_done: Callable[[int, dict], None] | None = None,
+            loaded: set | None = None, oracle: Worker | None = None) -> list[dict]:
+    """Each task run in the variant's child (`measure.work`, which only executes), the reference's answers
+    computed in another (`oracle.work`, which never calls a variant), and the two judged here
+    (`casebook.judge`). One payload per task, in order; `loaded` gathers the kernel modules the variant's
+    child imported. `oracle`: the reference's child to ask (one for a whole run: it never runs a variant)."""
+    out: list[dict] = []
+    if not tasks:
+        return out
+    with Worker(measure_work, env) as variant, (nullcontext(oracle) if oracle else Worker(oracle_work, env)) as ref:
+        for i, task in enumerate(tasks):
+            raw = variant.request(task, timeout_s)
+            if loaded is not None and isinstance(raw.get("loaded"), list):
+                loaded.update(m for m in raw["loaded"] if isinstance(m, str))
+            if task.kind == "pair":
+                payload = judge.pair(raw)
+            elif task.kind == "end_to_end":
+                payload = judge.end_to_end(raw, task.dtype)
+            else:
+                answers = None
+                if raw.get("status") == "ran":
+                    wanted = reference_seeds(task)
+                    seeds = sorted({r.get("seed") for r in raw.get("calls") or [] if isinstance(r, dict)} & wanted)
+                    answers = ref.request(OracleTask(module=task.module, shape=task.shape, dtype=task.dtype,
+                                                     device=task.device, seeds=tuple(seeds), reference=task.reference,
+                                                     inputs=task.inputs, traffic=task.traffic if task.timed else ""),
+                                          timeout_s)
+                payload = judge.point(task, raw, answers)
+            out.append(payload)
+            if on_done is not None:
+                on_done(i, payload)
+            del raw
+    return out
+
+
+def traffic_task(case: Case) -> OracleTask:
     """The traffic model at the case's first level-1 (GPU) shape and first dtype, in a child like the rest."""
     k = case.kernel
-    return Task(kind="traffic", module=k.module, variant="", fn="", shape=case.levels.kernel.shapes[0],
-                dtype=case.levels.kernel.dtypes[0], level="kernel", device="cpu", timed=False, seed=SEED,
-                protocol={}, traffic=k.traffic)
+    return OracleTask(module=k.module, shape=case.levels.kernel.shapes[0], dtype=case.levels.kernel.dtypes[0],
+                      device="cpu", traffic=k.traffic)
 
 
 def intensity_check(case: Case, payload: dict) -> dict:
@@ -149,9 +205,13 @@ def intensity_check(case: Case, payload: dict) -> dict:
     task = traffic_task(case)
     out = {"shape": task.shape, "dtype": task.dtype, "declared": case.bottleneck.arithmetic_intensity,
            "tolerance": INTENSITY_TOLERANCE}
-    if payload.get("status") != "ok" or not payload.get("bytes"):
+    traffic = payload.get("traffic") if isinstance(payload.get("traffic"), dict) else payload
+    flops, nbytes = traffic.get("flops"), traffic.get("bytes")
+    if payload.get("status") != "ok" or not isinstance(nbytes, (int, float)) or not nbytes:
         return {**out, "error": payload.get("error") or "the traffic model gives no bytes"}
-    modelled = payload["flops"] / payload["bytes"]
+    if not isinstance(flops, (int, float)) or not math.isfinite(flops / nbytes):
+        return {**out, "error": "the traffic model gives no finite FLOPs"}
+    modelled = flops / nbytes
     out["modelled"] = modelled
     if out["declared"] is not None and modelled > 0:
         out["difference"] = out["declared"] / modelled - 1
@@ -229,9 +289,15 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
                     "tolerances": {d: TOLERANCE[d] for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
-                    "isolation": "one child process per variant; a crash or hang is recorded and the rest goes on",
-                    "correctness": "2 fresh random inputs before timing and 1 after; float64 reference; "
-                                   "normwise relative error; NaN/Inf fail; outputs poisoned; inputs checked unmodified"}
+                    "row_tolerances": {d: ROW_TOLERANCE[d]
+                                       for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
+                    "isolation": "one child process per variant, which only runs it; the reference in another, "
+                                 "which never runs a variant; outputs judged and times summarised in the parent; a "
+                                 "crash or hang is recorded and the rest goes on",
+                    "correctness": "2 calls on fresh random inputs before timing, 2 timed repetitions sampled as they "
+                                   "returned, 1 call after timing on new values in the same tensors; float64 "
+                                   "reference; normwise and per-row relative error; NaN/Inf fail; the allocator "
+                                   "poisoned before every call alike; inputs checked unmodified"}
     if on_gpu:
         from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, L2_FLUSH_METHOD, PIPELINED_CALLS, l2_flush_bytes
 
@@ -275,14 +341,24 @@ def _paired(run: dict) -> dict:
     return {claims_mod.pair_key(t.variant, t.over, t.shape, t.dtype): p for t, p in run.get("pairs", [])}
 
 
-def _sources(path: Path, case) -> dict:
+def _sources(path: Path, case, start: dict | None = None, loaded: set | None = None) -> dict:
     """The kernel file and the hashes that tie a result to what it ran, taken as the run starts: a case
     or kernel edited while it runs (its variants import the module one by one) leaves the result stale,
-    not falsely current."""
+    not falsely current. Again at the end with `loaded`, the kernel modules the children imported (a
+    module imported at run time, by name, is no static import): the hash then covers them too, and the
+    result names them (`kernel_modules`); where the statically imported part changed meanwhile, the start's
+    hash is kept, and the result reads stale."""
     kernel_file = _kernel_file(case.kernel.module)
-    return {"case_sha256": case_sha256(path), "kernel_file": kernel_file.name,
-            "kernel_sha256": kernel_sha256(case.kernel.module, kernel_file.parent),
-            "measurement_sha256": measurement_sha256(case)}
+    module = case.kernel.module
+    now = {"case_sha256": case_sha256(path), "kernel_file": kernel_file.name,
+           "kernel_sha256": kernel_sha256(module, kernel_file.parent), "measurement_sha256": measurement_sha256(case)}
+    if start is None:
+        return now
+    static = imported_closure(module, kernel_file.parent)
+    extra = sorted(m for m in (loaded or set()) - static if re.fullmatch(r"[a-z][a-z0-9_]*", m))
+    if now["kernel_sha256"] != start["kernel_sha256"] or not extra:
+        return start
+    return {**start, "kernel_sha256": kernel_sha256(module, kernel_file.parent, extra=extra), "kernel_modules": extra}
 
 
 def _kernel_file(module: str) -> Path:

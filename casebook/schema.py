@@ -496,6 +496,25 @@ class Point(Open):
         default=None, description="Why the point is unstable (spread or interference over the bounds in "
                                  "`casebook.stability`); absent: stable. `casebook check` does not publish it.")
     error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
+    first_call_s: float | None = Field(
+        default=None, description="The first call at this shape (JIT, autotuning, compilation), seconds: never inside "
+                                  "the median.")
+    timer: str | None = Field(default=None, description="What timed the repetitions: cuda events, or "
+                                                        "time.perf_counter_ns on a CPU.")
+    traffic_terms: list[dict[str, Any]] | None = Field(
+        default=None, description="The traffic model's terms: name, bytes and FLOPs of each pass it counts.")
+    launches: dict[str, Any] | None = Field(
+        default=None, description="Kernels a call launches, counted by the profiler: direct, in a CUDA graph, and "
+                                  "whether they were counted (else assumed one).")
+    compute_floor_us: float | None = Field(default=None, description="FLOPs over the compute roof, microseconds.")
+    attainable_tflops: float | None = Field(
+        default=None, description="The FLOPs over the floor: the rate the roofs allow at this point, TFLOP/s.")
+    compute_roof_tflops: float | None = Field(default=None, description="The compute roof it was placed under, TFLOP/s "
+                                                                        "(the measured matmul ceiling of its dtype).")
+    bandwidth_roof_gbps: float | None = Field(default=None, description="The bandwidth roof it was placed under, GB/s "
+                                                                        "(the measured copy ceiling).")
+    weight: float | None = Field(default=None, description="Level 2: the shape's weight in the distribution.")
+    source: str | None = Field(default=None, description="Level 2: where the shape and its weight come from.")
 
 
 class ClaimOutcome(Open):
@@ -513,12 +532,18 @@ class Result(Open):
     schema_version: int = Field(description="Version of the result format.")
     case_id: str = Field(description="The case measured.")
     case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
+    kernel_file: str | None = Field(default=None, description="The kernel module's file name, in the kernels package.")
     kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with every kernel module it "
                                            "imports, directly or not) when it was run.")
+    complete: bool | None = Field(
+        default=None, description="Whether the run finished every task (a `.json.partial` checkpoint is not).")
     measurement_sha256: str | None = Field(
         default=None,
         description="sha256 of the case's kernel, levels and claims: staleness is judged by it when present, so prose "
                     "edits keep a result current.")
+    kernel_modules: list[str] | None = Field(
+        default=None, description="Kernel modules the run's children imported beyond the static imports of its "
+                                  "module (imported at run time): `kernel_sha256` covers them too.")
     hardware: dict[str, Any] = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
     environment: dict[str, Any] = Field(description="Versions, driver, clocks: what a reproduction needs.")
     protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, "

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from casebook import provenance
+from casebook import evidence, provenance
 from casebook.load import CaseError, Lines, _located, read_case
 from casebook.paths import refusal
 from casebook.schema import Case, consistency_problems
@@ -65,6 +65,7 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
             report.problems += check_cpu_path(case, lines, path)
             report.problems += check_results(path, case, lines)
             report.problems += check_claims(path, case, lines)
+            report.problems += check_tolerances(case, lines)
             report.problems += check_scaffold(path, case)
     for path, raw, lines in partial:
         seen = {(p.path, p.line, p.field) for p in report.problems}
@@ -350,6 +351,23 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
     return errors
 
 
+def check_tolerances(case: Case, lines: Lines) -> list[CaseError]:
+    """Warn where a variant's own `tolerance` is far above the bound of a dtype it is checked in
+    (`check.OVERRIDE_FLAG`): its check then says little, and the page says so."""
+    from casebook.check import OVERRIDE_FLAG, TOLERANCE, overridden
+
+    dtypes = {*case.levels.kernel.dtypes, case.levels.workload.dtype}
+    out = []
+    for i, v in enumerate(case.kernel.variants):
+        loose = sorted(d for d in dtypes if d in TOLERANCE and overridden(d, v.tolerance))
+        if loose:
+            out.append(lines.error(("kernel", "variants", i, "tolerance"),
+                                   f"variant {v.name!r} is checked to {v.tolerance:g}, more than {OVERRIDE_FLAG:g} "
+                                   f"times the bound of {', '.join(f'{d} ({TOLERANCE[d]:g})' for d in loose)}: "
+                                   "its check says little; the page shows the override", warning=True))
+    return out
+
+
 def check_cpu_path(case: Case, lines: Lines, path: Path | None = None) -> list[CaseError]:
     """Warn when a variant runs only on CUDA: nobody without a GPU can check it. A torch.compile variant is
     told that Inductor compiles for a CPU too, so `cpu` is the fix, not a reason."""
@@ -391,6 +409,8 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
             continue
         errors += [CaseError(path, lines.line(("kernel", "module")) if "kernel module" in why else 1, "results",
                              f"{shown} is stale: {why}; run it again") for why in reasons]
+        errors += [CaseError(path, 1, "results", f"{shown} is not evidence: {why}")
+                   for why in evidence.problems(result, None if reasons else case)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
         errors += [CaseError(path, 1, "results", why) for why in ceilings_disagree(result, doc, root)]

@@ -29,9 +29,15 @@ def fake_gpu(monkeypatch):
     """The GPU path on a CPU: no-op syncs, a sampler that records the delay it was given."""
     seen = {}
 
-    def sampler(fn, flush, slack):
+    def sampler(flush, slack, prepare=None):
         seen["slack"] = slack
-        return lambda n: [1.0] * n
+
+        def sample(n, observe):
+            for _ in range(n):
+                observe((yield bench.Step()))
+            return [1.0] * n
+
+        return sample
 
     monkeypatch.setattr(bench, "_sync", lambda device: None)
     monkeypatch.setattr(bench, "_cuda_sampler", sampler)

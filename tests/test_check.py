@@ -173,3 +173,31 @@ def test_a_tuple_of_outputs_is_checked_output_by_output(fn, words):
     assert c.correct == (words is None), c.error
     if words:
         assert words in c.error
+
+
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return (torch.softmax(x.float(), dim=-1) * 1.015).to(x.dtype)
+
+
+def _zero_row(x: torch.Tensor) -> torch.Tensor:
+    y = torch.softmax(x, dim=-1)
+    y[0] = 0
+    return y
+
+
+@pytest.mark.parametrize("fn", [_scaled, _zero_row], ids=["scaled-1.015", "one-zero-row"])
+def test_what_spreads_thin_fails_the_row_bound(cheats, fn):
+    """Under bf16's normwise bound (2%), over its row bound: every output 1.5% high, one row of 16384 zeroed."""
+    c = run_check(cheats, "honest", "bf16", {"rows": 16384, "cols": 32}, seeds=(5,))
+    assert c.correct
+    c = check(fn, cheats.reference, cheats.make_inputs, {"rows": 16384, "cols": 32}, "bf16", "cpu", [5])
+    assert not c.correct and "worst row off by" in c.error, c.error
+    assert c.max_rel_err < TOLERANCE["bf16"], "normwise alone would have passed it"
+
+
+def test_a_far_looser_own_tolerance_is_flagged():
+    from casebook.check import OVERRIDE_FLAG, bounds, overridden
+
+    assert not overridden("bf16", None) and not overridden("bf16", 0.05)
+    assert overridden("bf16", TOLERANCE["bf16"] * OVERRIDE_FLAG * 1.01)
+    assert bounds("bf16", 0.04)[1] == pytest.approx(2 * bounds("bf16")[1])  # the row bound scales alike

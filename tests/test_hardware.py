@@ -66,6 +66,18 @@ def test_ceilings_apart_over_a_fifth():
         "fp32 matmul 0.2 vs 0.3 TFLOP/s"]
 
 
+def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
+    from casebook.hardware import ceilings_implausible
+
+    sheet = {"datasheet": {"bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}}
+    good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0}
+    assert ceilings_implausible(good, sheet) == []
+    assert ceilings_implausible({**good, "copy_gbps": 48000.0}, sheet)  # a tenfold bandwidth: a tampered cache
+    assert ceilings_implausible({**good, "matmul_tflops": {"bf16": -1.0}}, sheet)
+    assert ceilings_implausible({**good, "launch_us": None}, {"datasheet": None}) == [
+        "a ceiling is not a positive number"]
+
+
 def fake_ceilings(copy_gbps: float) -> dict:
     return {"copy_gbps": copy_gbps, "matmul_tflops": {"fp32": 0.1}, "launch_us": 2.0, "graph_launch_us": 2.0}
 

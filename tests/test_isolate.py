@@ -99,3 +99,74 @@ def test_startup_limit():
 def test_every_task_crashing():
     out = run_isolated(worker, ["exit", "exit", "exit"], timeout_s=30)
     assert [p["status"] for p in out] == ["crashed"] * 3
+
+
+# --- what crosses back is data ------------------------------------------------------------------------
+
+
+def test_a_message_round_trips_tensors_as_data():
+    import torch
+
+    from casebook.isolate import decode, encode
+
+    x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    back = decode(encode({"a": [x, 1.5, "s"], "empty": torch.empty(0, 4)}))
+    assert torch.equal(back["a"][0], x) and back["a"][0].dtype == torch.bfloat16 and back["a"][1:] == [1.5, "s"]
+    assert tuple(back["empty"].shape) == (0, 4)
+
+
+def test_a_forged_message_is_refused_not_run():
+    import pickle
+    import struct
+
+    from casebook.isolate import BadMessage, decode, encode
+
+    with pytest.raises(BadMessage):
+        decode(pickle.dumps(os.system))  # a pickle is not a message: never unpickled
+    good = encode({"t": __import__("torch").ones(4)})
+    (n,) = struct.unpack("<Q", good[:8])
+    header = json_loads(good[8:8 + n])
+    header["body"]["t"]["shape"] = [1000]  # more elements than bytes
+    forged = json_dumps(header)
+    with pytest.raises(BadMessage):
+        decode(struct.pack("<Q", len(forged)) + forged + good[8 + n:])
+
+
+def json_loads(b: bytes):
+    import json
+
+    return json.loads(b)
+
+
+def json_dumps(d) -> bytes:
+    import json
+
+    return json.dumps(d).encode()
+
+
+def spawn_late(path: str) -> dict:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(30); open({path!r}, 'w')"],
+                         start_new_session=True)
+    return {"status": "ok", "pid": p.pid}
+
+
+def test_no_descendant_outlives_its_child(tmp_path):
+    """A process the task starts in a session of its own is ended with the child (it carries its token)."""
+    [p] = run_isolated(spawn_late, [str(tmp_path / "late")], timeout_s=30)
+    time.sleep(0.5)
+    status = f"/proc/{p['pid']}/status"
+    assert not os.path.exists(status) or "zombie" in open(status).read()
+
+
+def test_the_childs_stdout_is_its_stderr(capfd):
+    [p] = run_isolated(prints, ["x"], timeout_s=30)
+    out, err = capfd.readouterr()
+    assert p["status"] == "ok" and "from the child" not in out and "from the child" in err
+
+
+def prints(task: str) -> dict:
+    print("from the child", flush=True)
+    return {"status": "ok"}

@@ -13,8 +13,8 @@ import pytest
 
 from casebook.bench import Protocol
 from casebook.check import TOLERANCE
-from casebook.isolate import run_isolated
-from casebook.measure import Task, work
+from casebook.measure import Task
+from casebook.run import execute
 
 CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
 SHAPE = {"rows": 64, "cols": 1000}
@@ -33,20 +33,25 @@ def task(fn: str, dtype: str = "fp32", **kw) -> Task:
 # (task, status, words in the error)
 EXPECTED = [
     (task("honest"), "ok", None),
-    (task("writes_nothing"), "failed", "output elements are NaN or Inf"),
-    (task("writes_part", "bf16"), "failed", "1 of 64000 output elements are NaN or Inf"),
+    # Unwritten memory on a CPU holds whatever the allocator left there (NaN where the poisoned block came
+    # back, zeros or an old answer elsewhere): failed, for one reason or another.
+    (task("writes_nothing"), "failed", None),
+    # The same for one element left unwritten (no global flag fills new memory in the checks alone): NaN, or
+    # a row off by far more than bf16's row bound.
+    (task("writes_part", "bf16"), "failed", None),
     (task("mutates_input"), "failed", "input 'x' was modified"),
     (task("returns_nan"), "failed", "1 of 64000 output elements are NaN or Inf"),
     (task("returns_subclass"), "failed", "returned Lazy, not a plain torch.Tensor"),
     (task("wrong_dtype", "bf16"), "failed", "output dtype torch.float32, expected torch.bfloat16"),
     (task("low_precision"), "failed", "relative error"),
     (task("cached"), "failed", f"seed {SEED + 1}: relative error"),
-    (task("cached_after_check"), "failed", f"after timing: seed {SEED + 3}: relative error"),
+    # Honest in the two calls before timing: a sampled timed call, or the call after timing, sees the cache.
+    (task("cached_after_check"), "failed", "relative error"),
     (replace(task("honest"), variant="byte_model_too_large", traffic="traffic_inflated"), "failed",
      "faster than physics"),
     (task("unsupported"), "skipped", "unsupported: no shape is supported"),
     (task("raises"), "crashed", "RuntimeError: CUDA error: an illegal memory access"),
-    (replace(task("writes_part"), variant="interpreted", timed=False), "failed", "NaN or Inf"),
+    (replace(task("writes_part"), variant="interpreted", timed=False), "failed", None),  # NaN or a bad row
     (replace(task("honest"), variant="interpreted", timed=False), "checked", None),
     (task("honest", "bf16"), "ok", None),  # after the exception, in the same child
     (task("compiles_first"), "ok", None),
@@ -60,7 +65,7 @@ def payloads() -> list[dict]:
     tasks.append(Task(kind="end_to_end", module="cheats", variant="honest", fn="honest", shape={"rows": 8, "cols": 50},
                       dtype="fp32", level="end_to_end", device="cpu", timed=True, seed=SEED, protocol=FAST,
                       scenario="scenario", scenario_inputs="scenario_inputs"))
-    return run_isolated(work, tasks, timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
+    return execute(tasks, timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
 
 
 @pytest.mark.parametrize("i", range(len(EXPECTED)), ids=[f"{t.variant}-{t.dtype}" for t, _, _ in EXPECTED])
@@ -70,6 +75,8 @@ def test_outcome(payloads, i):
     assert p["status"] == status, p
     if words:
         assert words in p["error"], p["error"]
+    if t.variant == "cached_after_check":
+        assert "timed call" in p["error"] or p["error"].startswith(f"after timing: seed {SEED + 3}: "), p["error"]
     if status == "failed":
         assert p["correct"] is False or "faster than physics" in p["error"]
         assert "median_us" not in p or "faster than physics" in p["error"]
@@ -150,16 +157,12 @@ def _task(**protocol):
 
 
 def test_a_cold_graph_point_is_timed_on_inputs_taken_in_turn(monkeypatch):
-    import torch
-
     import casebook.bench
     from casebook.bench import Protocol
-    from casebook.measure import _timed_inputs
+    from casebook.measure import input_seeds
 
-    monkeypatch.setattr(casebook.bench, "l2_bytes", lambda: 64 * 1024)  # 4 KiB inputs: 32 copies span 128 KiB
-    make = lambda shape, dtype, device, g: {"x": torch.randn(shape["n"], generator=g, dtype=dtype)}  # noqa: E731
-    sets = _timed_inputs(_task(), Protocol(graph=True, cache="cold"), make)
-    assert len(sets) == 32
-    assert not torch.equal(sets[0]["x"], sets[1]["x"])  # fresh random copies, not one tensor repeated
-    assert len(_timed_inputs(_task(), Protocol(graph=True, cache="warm"), make)) == 1  # warm: cached on purpose
-    assert len(_timed_inputs(_task(), Protocol(), make)) == 1  # events: the flush empties L2 each time
+    monkeypatch.setattr(casebook.bench, "l2_bytes", lambda: 64 * 1024)  # 4 KiB inputs: 32 sets span 128 KiB
+    seeds = input_seeds(_task(), Protocol(graph=True, cache="cold"), 4096)
+    assert len(seeds) == 32 and len(set(seeds)) == 32  # fresh random sets, not one repeated
+    assert input_seeds(_task(), Protocol(graph=True, cache="warm"), 4096) == [7, 8]  # the two checked sets
+    assert input_seeds(_task(), Protocol(), 4096) == [7, 8]  # events: the flush empties L2 each time

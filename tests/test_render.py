@@ -319,16 +319,18 @@ def test_the_roofline_labels_bf16_and_fp16_with_their_own_measured_numbers(tmp_p
 
 
 def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Path, plot_cache: Path):
-    def fail_one_claim(doc: dict) -> None:
-        missed = next(c for c in doc["claims"] if c["text"].startswith("At least 3.8 TB/s"))
-        missed.update(held=False, detail="lowest 3771 GB/s at 4096x32768 bf16 (need 3800)")
+    def forge_one_claim(doc: dict) -> None:
+        """The stored result has no point of the claim's variant (cluster_bulk came after it); its verdict is
+        edited to held. The page judges the claim from the points: open, whatever the file says."""
+        forged = next(c for c in doc["claims"] if c["text"].startswith("At least 3.8 TB/s"))
+        forged.update(held=True, detail="forged: held at every shape")
 
-    built = site_with(tmp_path, plot_cache, fail_one_claim)
+    built = site_with(tmp_path, plot_cache, forge_one_claim)
     html = words((built / "browse" / "claims" / "index.html").read_text())
     open_part, held_part = html.split("Open: failed on a machine¶", 1)[1].split("Held¶", 1)
-    # The claim this run failed, with the number that missed; one that held, below.
+    # The claim no point backs, with the reason; one that held, below.
     assert "At least 3.8 TB/s at every bf16 shape from 1K to 64K columns." in open_part
-    assert "lowest 3771 GB/s at 4096x32768 bf16 (need 3800)" in open_part
+    assert "forged" not in html and "point matches this claim" in open_part
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." in held_part
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." not in open_part
 
@@ -351,6 +353,10 @@ def softmax_page_with(tmp_path: Path, plot_cache: Path, **changes) -> str:
     def change_point(doc: dict) -> None:
         point = next(p for p in doc["kernel_level"] if p["variant"] == "triton_online" and p["status"] == "ok")
         point.update(changes)
+        if "median_us" in changes:  # what a stored result derives from its median, derived again (casebook.evidence)
+            m = point["median_us"]
+            point.update(p10_us=0.98 * m, p90_us=1.02 * m, gbps=point["bytes"] / m / 1e3,
+                         tflops=point["flops"] / m / 1e6, roof_fraction=point["floor_us"] / m)
 
     return page(site_with(tmp_path, plot_cache, change_point), "softmax_fusion")
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from casebook import schema
-from casebook.commands.schema import COMMITTED, json_schema_text
+from casebook.commands.schema import COMMITTED, RESULT_COMMITTED, json_schema_text
 
 from conftest import REPO
 
@@ -47,3 +47,27 @@ def test_json_schema_accepts_the_book_and_refuses_typos():
     data["levels"]["kernel"]["cahce"] = "cold"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, doc)
+
+
+def test_committed_result_schema_is_current():
+    committed = (REPO / RESULT_COMMITTED).read_text()
+    assert committed == json_schema_text(result=True), (
+        f"{RESULT_COMMITTED} is stale: run `casebook schema --result --out {RESULT_COMMITTED}` and commit it")
+
+
+def test_every_committed_result_validates_against_the_result_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = json.loads(json_schema_text(result=True))
+    stored = sorted((REPO / "results").glob("*/*.json"))
+    assert stored
+    for path in stored:
+        jsonschema.validate(json.loads(path.read_text()), doc)
+
+
+def test_the_result_schema_refuses_a_point_without_its_variant():
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = json.loads(json_schema_text(result=True))
+    result = json.loads((REPO / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
+    del result["kernel_level"][0]["variant"]
+    with pytest.raises(jsonschema.ValidationError, match="'variant' is a required property"):
+        jsonschema.validate(result, doc)

@@ -168,10 +168,19 @@ def test_validate_outside_the_book_says_where_it_looked(tmp_path, cli, monkeypat
 
 
 def store_result(path: Path, case_sha: str | None = None, kernel_sha: str | None = None) -> Path:
+    """A result with nothing measured in it, valid in the result model, hashed to the case and kernel."""
+    from casebook.schema import RESULT_SCHEMA_VERSION
+
     result = path.parent.parent / "results" / "nvidia-h200" / f"{path.stem}.json"
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps({"case_sha256": case_sha or provenance.case_sha256(path),
-                                  "kernel_sha256": kernel_sha or provenance.kernel_sha256("softmax_fusion")}))
+    result.write_text(json.dumps({
+        "schema_version": RESULT_SCHEMA_VERSION, "case_id": path.stem,
+        "case_sha256": case_sha or provenance.case_sha256(path),
+        "kernel_sha256": kernel_sha or provenance.kernel_sha256("softmax_fusion"),
+        "hardware": {"slug": "nvidia-h200", "measured": {}}, "environment": {}, "protocol": {}, "variants": [],
+        "kernel_level": [], "workload_level": {"points": []}, "end_to_end": {}, "claims": [],
+        "started_at": "2026-12-01T00:00:00+00:00", "finished_at": "2026-12-01T00:01:00+00:00",
+        "command": f"casebook run cases/{path.stem}.yaml"}))
     return result
 
 
@@ -223,7 +232,7 @@ FAILED_POINT = {"variant": "triton_online", "shape": {"rows": 512, "cols": 1024}
      "is a --quick smoke run, not a result to publish; run without --quick"),
     ({"variants": [{"name": "torch_softmax"}, {"name": "triton_online"}]},
      "lacks variant(s) eager, torch_compile, triton_onepass, cluster_bulk (a --variant run); run the whole ladder"),
-    ({"kernel_level": [{"variant": "eager", "status": "ok"}, FAILED_POINT, FAILED_POINT]},
+    ({"kernel_level": [{**FAILED_POINT, "variant": "eager", "status": "checked"}, FAILED_POINT, FAILED_POINT]},
      "records 2 failed point(s), first triton_online 512x1024 fp32: failed: seed 1: relative error 0.3 over "
      "tolerance 1e-05; fix the variant (or its traffic model) and run again"),
     ({"workload_level": {"points": [{**FAILED_POINT, "status": "timeout", "error": "killed"}]}},
@@ -243,15 +252,17 @@ def test_strict_rejects_results_not_to_publish(make_case, extra, message):
 def test_strict_warns_of_a_missed_claim_without_rejecting_it(make_case):
     path = make_case()
     result = store_result(path)
-    claims = [{"text": "fast", "held": True, "detail": ""}, {"text": "faster", "held": False, "detail": "1.2x < 1.5x"},
-              {"text": "n/a", "held": None, "detail": ""}]
+    from casebook.claims import evaluate
+
+    claims = evaluate(load_case(path), "nvidia-h200", [], {"points": []}, {})  # nothing measured: every one failed
     result.write_text(json.dumps({**json.loads(result.read_text()), "claims": claims}))
     report = validate([path], strict=True)
     assert report.errors == []
-    [problem] = [w for w in report.warnings if w.field == "results"]
-    assert str(problem) == (f"{path}:1: results: warning: results/nvidia-h200/softmax_fusion.json records a failed "
-                            "claim: 'faster' (1.2x < 1.5x); the page shows it as failed; fix the kernel, or restate "
-                            "the claim as what was measured")
+    problems = [str(w) for w in report.warnings if w.field == "results"]
+    assert len(problems) == len(claims)
+    assert problems[0] == (f"{path}:1: results: warning: results/nvidia-h200/softmax_fusion.json records a failed "
+                           f"claim: {claims[0]['text']!r} ({claims[0]['detail']}); the page shows it as failed; fix "
+                           "the kernel, or restate the claim as what was measured")
 
 
 def test_strict_accepts_a_clean_full_result(make_case):
@@ -260,8 +271,8 @@ def test_strict_accepts_a_clean_full_result(make_case):
     names = ["eager", "torch_softmax", "torch_compile", "triton_onepass", "triton_online", "cluster_bulk"]
     result.write_text(json.dumps({**json.loads(result.read_text()), "command": "casebook run cases/softmax_fusion.yaml",
                                   "variants": [{"name": n} for n in names],
-                                  "kernel_level": [{"status": s} for s in ("ok", "checked", "skipped")],
-                                  "end_to_end": {"status": "partial"}, "claims": [{"held": None}, {"held": True}]}))
+                                  "kernel_level": [{**FAILED_POINT, "status": s} for s in ("checked", "skipped")],
+                                  "end_to_end": {"status": "partial"}}))
     assert validate([path], strict=True).errors == []
 
 
@@ -413,3 +424,12 @@ def test_strict_tells_a_torch_compile_variant_that_inductor_runs_on_a_cpu(make_c
     path = make_case()
     [warning] = [str(w) for w in validate([path], strict=True).warnings if "torch_compile" in str(w)]
     assert "Inductor also compiles for a CPU" in warning and "add `cpu` to its backends" in warning
+
+
+def test_check_flags_a_tolerance_far_above_the_dtypes(make_case, line_of):
+    eager = "    - name: eager\n      fn: eager\n"
+    path = make_case({eager: eager + "      tolerance: 0.5\n"})
+    store_result(path)
+    [flag] = [str(w) for w in validate([path], strict=True).warnings if "tolerance" in w.field]
+    assert flag.startswith(f"{path}:{line_of(path, 'tolerance: 0.5')}: kernel.variants.0.tolerance: warning: variant "
+                           "'eager' is checked to 0.5, more than 10 times the bound of bf16 (0.02)")

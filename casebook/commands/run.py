@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from casebook.roofline import host_bound
 from casebook.schema import shape_label
@@ -35,6 +37,44 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
     except CaseError as e:
         print_problems(getattr(e, "errors", None) or [e], console)
         return 2
+
+    if why := preflight_problem(case, results_dir, save):
+        console.print(Text(why, style="red"))
+        return 2
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _run(case, variants=variants, quick=quick, counters=counters, json_out=json_out,
+                    results_dir=results_dir, timeout=timeout, save=save, force=force, argv=argv)
+    except Terminated:
+        console.print("casebook run: terminated (SIGTERM); every child process ended, nothing stored", highlight=False)
+        return 143
+    except KeyboardInterrupt:
+        console.print("casebook run: interrupted; every child process ended, nothing stored", highlight=False)
+        return 130
+    except OSError as e:  # a full disk, a folder that cannot be written: one line, never a traceback
+        console.print(Text(f"casebook run: {e.filename or ''}: {e.strerror or e}", style="red"))
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the run stands so that its children are ended on the way out, as for Ctrl-C."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def preflight_problem(case: Path, results_dir: Path, save: bool) -> str | None:
+    from casebook.preflight import problems
+
+    found = problems(case, results_dir if save else None)
+    return found[0] if found else None
+
+
+def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
+         timeout: float, save: bool, force: bool, argv: list[str] | None) -> int:
     from casebook import results, run
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from casebook import provenance
+from casebook import evidence, provenance
 from casebook.load import load_case
 from casebook.paths import refusal
 from casebook.results import load as load_result
 from casebook.roofline import ceilings_apart
-from casebook.schema import Case, Result
+from casebook.schema import Case, ClaimOutcome, Result
 
 
 class BookError(ValueError):
@@ -130,7 +130,14 @@ def _attach(book: Book, path: Path) -> None:
     if entry is None or result.case_id != path.stem:
         book.warnings.append(f"{path}: result for case {result.case_id!r}, which is not in the book; skipped")
         return
-    stored = StoredResult(result, path, stale_reasons(entry, result))
+    stale = stale_reasons(entry, result)
+    forged = evidence.problems(path)
+    if forged:  # the page would show numbers the file cannot back
+        raise BookError(f"{path}: not evidence: {forged[0]}")
+    if not stale:  # the case's own claims, judged from the stored points, whatever the file says of them
+        result = result.model_copy(update={"claims": [ClaimOutcome.model_validate(c)
+                                                      for c in evidence.judged(entry.case, result.model_dump())]})
+    stored = StoredResult(result, path, stale)
     entry.results.append(stored)
 
 

@@ -1,0 +1,206 @@
+"""Verdicts from raw data, in the parent, which never imports contributed code.
+
+A variant's child (`casebook.measure`) sends outputs, raw times and facts; the reference's child
+(`casebook.oracle`) sends the answers and the traffic model. Here the outputs are compared with the
+answers (`check.compare_output`: normwise and row by row), the times summarised (`stats.summarize`), the
+point placed on the roofline (`roofline.place`, the physics gate) and the point's status decided. Nothing
+the variant's process rebinds reaches this code.
+"""
+
+from __future__ import annotations
+
+import math
+
+from casebook.check import CheckFailed, compare_output
+from casebook.roofline import FasterThanPhysics, Roofs, place
+from casebook.stats import summarize
+
+TIMER_REBOUND = ("the variant's process rebound what the harness relies on ({names}): nothing timed or returned "
+                 "there is evidence")
+
+
+def launch_count(launches: dict, roofs: dict) -> float:
+    """The launch floor in units of one launch: every kernel at its cost inside a CUDA graph, the least a
+    kernel takes on the device. A true lower bound, whatever issues the kernels: a lone kernel timed by
+    events does not wait for the host's pace of issue (`launch_us`), and a 4 MB copy on the H200 took
+    5.5 us where back-to-back launches cost 6.6 us each. The host's own issue time is measured per
+    variant (`host_issue_us`) and decides the regime, not the gate."""
+    kernels = launches["direct"] + launches["graph"]
+    return kernels * roofs["graph_launch_us"] / roofs["launch_us"]
+
+
+def times_problem(times) -> str | None:
+    """Why a list of repetition times is not a measurement (None: it is one)."""
+    if not isinstance(times, list) or not times:
+        return "no repetitions timed"
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in times):
+        return "a repetition's time is not a finite positive number"
+    return None
+
+
+def _where(rec: dict) -> str:
+    seed = rec.get("seed")
+    if rec.get("role") == "timed":
+        return f"timed call {rec.get('call')} (seed {seed}, checked after timing)"
+    if rec.get("role") == "after":
+        return f"after timing: seed {seed}"
+    return f"seed {seed}"
+
+
+def judge_call(rec: dict, expected: dict | None, device: str, dtype: str, tolerance: float | None) -> tuple:
+    """One call's outputs against the reference's at the same seed: (normwise error, row error), or
+    CheckFailed."""
+    if not isinstance(expected, dict):
+        raise CheckFailed("no reference answer for this seed")
+    outs, exps = rec.get("outputs") or [], expected.get("outputs") or []
+    if expected.get("tuple"):
+        if not rec.get("tuple") or len(outs) != len(exps):
+            got = "tuple" if rec.get("tuple") else (outs[0].get("type") if outs else "nothing")
+            raise CheckFailed(f"returned {got}, not a tuple of {len(exps)} tensors as the reference")
+    elif rec.get("tuple") or len(outs) != 1:
+        raise CheckFailed("returned tuple, not a plain torch.Tensor")
+    for j, i in rec.get("aliases_output") or []:
+        raise CheckFailed(f"outputs {j} and {i} alias each other")
+    errs, rows = [], []
+    for i, (o, e) in enumerate(zip(outs, exps)):
+        prefix = f"output {i}: " if expected.get("tuple") else ""
+        try:
+            if o.get("type") != "Tensor" or o.get("tensor") is None:
+                raise CheckFailed(f"returned {o.get('type')}, not a plain torch.Tensor")
+            if o.get("device") != device:
+                raise CheckFailed(f"output on {o.get('device')}, expected {device}")
+            for k in rec.get("modified") or []:
+                raise CheckFailed(f"input {k!r} was modified")
+            for j, k in rec.get("aliases_input") or []:
+                if j == i:
+                    raise CheckFailed(f"output aliases input {k!r}")
+            err, row = compare_output(o["tensor"], e, dtype, tolerance)
+        except CheckFailed as err:
+            raise CheckFailed(f"{prefix}{err}") from None
+        errs.append(err)
+        rows.append(row)
+    return max(errs, default=0.0), max(rows, default=0.0)
+
+
+def passthrough(run: dict) -> dict:
+    """A task that did not run to the end (skipped, crashed, timed out): its status and error only."""
+    return {k: run[k] for k in ("status", "error") if k in run}
+
+
+def point(task, run: dict, oracle: dict | None) -> dict:
+    """The point's record from what the two children sent: status, errors, the summary and the placement."""
+    out: dict = {}
+    if run.get("status") != "ran":
+        return passthrough(run) or {"status": "crashed", "error": "no answer"}
+    if run.get("rebound"):
+        return {"status": "failed", "correct": False,
+                "error": TIMER_REBOUND.format(names=", ".join(run["rebound"][:4]))}
+    if not isinstance(oracle, dict) or oracle.get("status") != "ok":
+        why = (oracle or {}).get("error", "no answer")
+        return {"status": "crashed", "error": f"the reference could not be computed: {why}"}
+    calls = run.get("calls") or []
+    if not calls:
+        return {"status": "crashed", "error": "the variant's process sent no outputs"}
+    worst = worst_row = 0.0
+    for rec in calls:
+        try:
+            err, row = judge_call(rec, oracle["expected"].get(str(rec.get("seed"))), task.device, task.dtype,
+                                  task.tolerance)
+        except CheckFailed as e:
+            return {"status": "failed", "correct": False, "max_rel_err": worst, "error": f"{_where(rec)}: {e}"}
+        worst, worst_row = max(worst, err), max(worst_row, row)
+    out.update(correct=True, max_rel_err=worst, max_row_err=worst_row, checked_calls=len(calls),
+               first_call_s=run.get("first_call_s"))
+    if not task.timed:
+        return {**out, "status": "checked"}
+    if why := times_problem(run.get("times_us")):
+        return {**out, "status": "failed", "error": f"timing: {why}"}
+    return {**out, **place_point(task, run, oracle.get("traffic") or {})}
+
+
+def place_point(task, run: dict, traffic: dict) -> dict:
+    """The timing summarised and placed on the roofline of the task's ceilings."""
+    s = summarize(run["times_us"])
+    launches = run.get("launches") or {"direct": 1, "graph": 0}
+    out = {"median_us": s.median_us, "median_ci_us": [s.ci_lo_us, s.ci_hi_us], "p10_us": s.p10_us,
+           "p90_us": s.p90_us, "cv": s.cv, "repetitions": s.repetitions, "timer": run.get("timer"),
+           "flops": traffic.get("flops"), "bytes": traffic.get("bytes"), "traffic_terms": traffic.get("terms"),
+           "launches": launches, "threads": run.get("threads"), "interference": run.get("interference") or {}}
+    if run.get("autotuned"):
+        out["autotuned"] = run["autotuned"]
+    if (run.get("input_sets") or 1) > 2:
+        out["input_sets"] = run["input_sets"]
+    flops, nbytes = traffic.get("flops"), traffic.get("bytes")
+    if not isinstance(flops, (int, float)) or not isinstance(nbytes, (int, float)):
+        return {**out, "status": "failed", "error": "the traffic model gave no FLOPs and bytes"}
+    roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
+                  launch_us=task.roofs["launch_us"])
+    host_us = run.get("host_us") or 0.0
+    try:
+        p = place(flops, nbytes, launch_count(launches, task.roofs), s.median_us, roofs,
+                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us)
+    except FasterThanPhysics as e:
+        return {**out, "status": "failed", "error": str(e)}
+    return {**out, "status": "ok", "gbps": p.gbps, "tflops": p.tflops, "arithmetic_intensity": p.arithmetic_intensity,
+            "floor_us": p.floor_us, "compute_floor_us": p.compute_floor_us,
+            "bandwidth_floor_us": p.bandwidth_floor_us, "launch_floor_us": p.launch_floor_us,
+            "host_issue_us": host_us, "roof_fraction": p.roof_fraction, "regime": p.regime,
+            "attainable_tflops": p.attainable_tflops, "compute_roof_tflops": roofs.compute_tflops,
+            "bandwidth_roof_gbps": roofs.bandwidth_gbps}
+
+
+def pair(run: dict) -> dict:
+    """A paired timing's rounds: each round's two medians, and the median of their ratios."""
+    import statistics
+
+    if run.get("status") != "ran":
+        return passthrough(run) or {"status": "crashed", "error": "no answer"}
+    if run.get("rebound"):
+        return {"status": "failed", "error": TIMER_REBOUND.format(names=", ".join(run["rebound"][:4]))}
+    rounds = []
+    for r in run.get("rounds_times_us") or []:
+        if not isinstance(r, list) or len(r) != 2 or any(times_problem(t) for t in r):
+            return {"status": "failed", "error": "a paired round's times are not a measurement"}
+        rounds.append([summarize(r[0]).median_us, summarize(r[1]).median_us])
+    if not rounds:
+        return {"status": "failed", "error": "no paired rounds timed"}
+    ratios = sorted(over / mine for mine, over in rounds)
+    return {"status": "ok", "rounds_us": rounds, "speedup": statistics.median(ratios),
+            "speedup_min": ratios[0], "speedup_max": ratios[-1]}
+
+
+def fingerprint_diff(a, b) -> float:
+    """Relative difference of two scenario fingerprints (plain sequences of floats)."""
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    den = math.sqrt(sum(x * x for x in a)) or 1.0
+    return num / den if len(a) == len(b) else math.inf
+
+
+def end_to_end(run: dict, dtype: str) -> dict:
+    """The scenario's summary from raw times; its timed outputs (a sample) must agree with its first."""
+    from casebook.check import TOLERANCE
+
+    if run.get("status") != "ran":
+        return {k: run[k] for k in ("status", "error") if k in run} or {"status": "crashed", "error": "no answer"}
+    if run.get("rebound"):
+        return {"status": "failed", "error": TIMER_REBOUND.format(names=", ".join(run["rebound"][:4]))}
+    prints = run.get("fingerprints") or []
+    if not prints or any(p.get("type") != "Tensor" or p.get("tensor") is None for p in prints):
+        kind = next((p.get("type") for p in prints if p.get("type") != "Tensor"), "nothing")
+        return {"status": "failed", "error": f"the scenario returned {kind}, not a plain torch.Tensor"}
+    first = [float(v) for v in prints[0]["tensor"].tolist()]
+    if not all(math.isfinite(v) for v in first):
+        return {"status": "failed", "error": "scenario output has NaN or Inf"}
+    for i, p in enumerate(prints[1:], 1):
+        d = fingerprint_diff(first, [float(v) for v in p["tensor"].tolist()])
+        if not d <= 2 * TOLERANCE[dtype]:
+            return {"status": "failed",
+                    "error": f"a timed scenario call's output (sample {i}) differs from its first by {d:.3g}"}
+    for key in ("scenario_times_us", "kernel_times_us"):
+        if why := times_problem(run.get(key)):
+            return {"status": "failed", "error": f"timing: {why}"}
+    whole, alone = summarize(run["scenario_times_us"]), summarize(run["kernel_times_us"])
+    return {"status": "ok", "variant": run.get("variant"), "scenario_us": whole.median_us,
+            "scenario_p10_us": whole.p10_us, "scenario_p90_us": whole.p90_us, "kernel_us": alone.median_us,
+            "kernel_p10_us": alone.p10_us, "kernel_p90_us": alone.p90_us, "fingerprint": first,
+            "timed_outputs_checked": len(prints) - 1}

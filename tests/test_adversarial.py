@@ -1,0 +1,213 @@
+"""The trust boundary under attack: each public way of fooling a kernel benchmark, tried through the real path.
+
+The kernel side: tests/fixtures/kernels/attacks.py, one variant per attack, run by `casebook run`'s own
+`run_case` from a scratch book (its children import the module through CASEBOOK_KERNELS_PATH). No attack
+may end as an `ok` point while it cheated. The stored side: results forged after the run (a median under
+the roofline floor, a claim's verdict flipped), which `casebook check` must refuse. The process side: a
+grandchild that outlives its parent, a run ended by SIGTERM, a variant printing into `--json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import casebook.kernels
+from casebook import run
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow  # every test here runs child processes
+
+ATTACKS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3, "bf16": 1e3}, "launch_us": 1e-3,
+            "graph_launch_us": 1e-3}
+"""Synthetic ceilings (1 TB/s, 1 PFLOP/s): the tiny case's kernels sit far under every roof."""
+
+CAUGHT = {
+    # attack: words its error must hold (None: any failure will do)
+    "background_thread": None,
+    "lazy_output": "returned LazySoftmax, not a plain torch.Tensor",
+    "patches_timer": "rebound what the harness relies on",
+    "patches_evaluator": None,
+    "patches_reference": "relative error",
+    "cache_by_address": "after timing",
+    "allocator_reuse": None,
+    "call_counting": "timed call",
+    "deterministic_flag": "seed ",
+    "input_identity": "timed call",
+    "scaled_1015": "worst row off by",
+    "zero_row": "worst row off by",
+    "partial_write": None,
+}
+HARMLESS = ("honest", "stack_inspection", "grandchild", "prints")
+"""Variants that return the honest answer (stack_inspection: because every call's stack is the same)."""
+
+
+def attacks_case() -> str:
+    variants = "\n".join(f"    - {{name: {n}, note: \"{n}\", backends: [cpu]}}" for n in (*HARMLESS, *CAUGHT))
+    return f"""\
+schema_version: 1
+id: attacks
+title: "Kernels that attack the harness"
+operator: softmax
+summary: "Row softmax with the public ways of fooling a benchmark."
+bottleneck: {{kind: bandwidth, reasoning: "A few FLOPs per byte."}}
+patterns: [fusion]
+boundaries: [{{axis: shape, holds: "Tiny shapes.", breaks: "Never run on a GPU."}}]
+transfers: [{{operator: layernorm, why: "Same row reduction."}}]
+kernel:
+  module: attacks
+  inputs: make_inputs
+  tensors: {{x: [rows, cols], y: [rows, cols]}}
+  baseline: honest
+  variants:
+{variants}
+levels:
+  kernel:
+    shapes: [{{rows: 16384, cols: 32}}]
+    cpu_shapes: [{{rows: 16384, cols: 32}}]
+    dtypes: [bf16]
+  workload:
+    description: "One small shape."
+    dtype: bf16
+    shapes: [{{shape: {{rows: 8, cols: 256}}, weight: 1.0, source: "test"}}]
+    cpu_shapes: [{{shape: {{rows: 8, cols: 256}}, weight: 1.0, source: "test"}}]
+  end_to_end:
+    description: "Softmax then a cumulative sum."
+    scenario: scenario
+    inputs: scenario_inputs
+    shape: {{rows: 4, cols: 64}}
+    cpu_shape: {{rows: 4, cols: 64}}
+    dtype: fp32
+    baseline: honest
+    variant: honest
+claims:
+  - {{kind: throughput, text: "The honest kernel moves some bytes.", variant: honest, at_least_gbps: 1.0e-6}}
+writeup: {{gap: "None.", remaining_bottleneck: "None."}}
+"""
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """`run_case` on the attacks case, once: (document, marks folder, the grandchild's late file)."""
+    book = tmp_path_factory.mktemp("book")
+    (book / "cases").mkdir()
+    path = book / "cases" / "attacks.yaml"
+    path.write_text(attacks_case())
+    marks, late = book / "marks", book / "late.txt"
+    marks.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CASEBOOK_KERNELS_PATH", str(ATTACKS_DIR))
+        mp.setenv("ATTACKS_MARKS", str(marks))
+        mp.setenv("ATTACKS_LATE_FILE", str(late))
+        mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(ATTACKS_DIR)])
+        doc = run.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
+    return doc, marks, late
+
+
+def point(doc: dict, name: str) -> dict:
+    [p] = [p for p in doc["kernel_level"] if p["variant"] == name]
+    return p
+
+
+@pytest.mark.parametrize("name", sorted(CAUGHT))
+def test_attack_is_caught(attacked, name):
+    doc, marks, _ = attacked
+    assert (marks / name).exists(), f"{name} never cheated: the test proves nothing"
+    for p in [point(doc, name)] + [w for w in doc["workload_level"]["points"] if w["variant"] == name]:
+        assert p["status"] == "failed", p
+        assert p["correct"] is False and "median_us" not in p, p
+    if CAUGHT[name]:  # at the level-1 point (16384 rows: one zero row is about 1% of the norm, under bf16's 2%)
+        assert CAUGHT[name] in point(doc, name)["error"], point(doc, name)["error"]
+
+
+@pytest.mark.parametrize("name", HARMLESS)
+def test_honest_answers_are_ok(attacked, name):
+    doc, marks, _ = attacked
+    p = point(doc, name)
+    assert p["status"] == "ok" and p["correct"], p
+    assert not (marks / name).exists(), f"{name} cheated and was reported ok"
+
+
+def test_the_timer_patch_is_named(attacked):
+    error = point(attacked[0], "patches_timer")["error"]
+    assert "time.perf_counter" in error, error
+
+
+def test_every_call_of_a_point_is_judged_in_the_parent(attacked):
+    """Two checks, a sample of the timed calls and the call after timing: five outputs per timed point."""
+    p = point(attacked[0], "honest")
+    assert p["checked_calls"] == 5 and p["max_row_err"] <= 1e-2
+
+
+def test_a_grandchild_does_not_outlive_its_parent(attacked):
+    _, _, late = attacked
+    pid = int(Path(f"{late}.pid").read_text())  # it started
+    status = Path(f"/proc/{pid}/status")
+    assert not status.exists() or "zombie" in status.read_text(), "a process the variant started outlived its child"
+    assert not late.exists()
+
+
+def test_the_stored_document_is_judged_and_loadable(attacked, tmp_path):
+    from casebook import results
+
+    doc = attacked[0]
+    assert run.failed(doc)
+    stored = results.load(results.save(doc, tmp_path))
+    assert stored.case_id == "attacks"
+
+
+# --- the command line: SIGTERM, stdout ---------------------------------------------------------------------------
+
+def _cli_book(tmp_path: Path, variants: tuple[str, ...]) -> Path:
+    text = attacks_case()
+    keep = [line for line in text.splitlines() if not line.startswith("    - {name: ")
+            or any(f"{{name: {v}," in line for v in variants)]
+    path = tmp_path / "cases" / "attacks.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(keep) + "\n")
+    return path
+
+
+def _env(tmp_path: Path) -> dict:
+    return {**os.environ, "CASEBOOK_KERNELS_PATH": str(ATTACKS_DIR), "CASEBOOK_CACHE": str(tmp_path / "cache"),
+            "PYTHONPATH": str(REPO), "ATTACKS_MARKS": str(tmp_path)}
+
+
+def test_a_variant_printing_cannot_corrupt_json(tmp_path):
+    path = _cli_book(tmp_path, ("honest", "prints"))
+    proc = subprocess.run([sys.executable, "-m", "casebook.cli", "run", str(path), "--quick", "--json"],
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    doc = json.loads(proc.stdout)  # the variant's print went to stderr
+    assert doc["case_id"] == "attacks" and "{ not json" in proc.stderr
+
+
+def test_sigterm_ends_the_run_and_its_children(tmp_path):
+    hang = ATTACKS_DIR / "hangs.py"
+    assert hang.exists()
+    path = _cli_book(tmp_path, ("honest",))
+    text = path.read_text().replace("module: attacks", "module: hangs")
+    path.write_text(text)
+    env = _env(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "casebook.cli", "run", str(path), "--quick"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = tmp_path / "hanging"
+    deadline = time.monotonic() + 300
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), proc.communicate()[1][-2000:]
+    child = int(marker.read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
