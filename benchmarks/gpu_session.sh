@@ -229,7 +229,7 @@ case "${1:-}" in
     echo "smoke: exit $?"; cat "$out/logs/attention_smoke.txt" ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
          # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
-         # GPU measures its own ceilings first (~1 min); the book is ~12 cases of 3-7 min on one H200
+         # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200
     nvidia-smi --query-gpu=index,uuid,pci.bus_id,clocks.max.sm --format=csv,noheader
     timeout 580 python3 -m casebook.cli run --all --save --results "$out/results" \
       > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
