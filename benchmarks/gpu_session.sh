@@ -41,6 +41,13 @@
 #                                                 # (needs the peers extra: pip install -e '.[peers]')
 #   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
 #                                                 # materialised or chunked, against Liger's fused one
+#   bash benchmarks/gpu_session.sh attention-prefill  # issue 25: prefill's GPU tests (bf16), then its run
+#   bash benchmarks/gpu_session.sh attention-decode   # decode's GPU tests (the fused combine's counters),
+#                                                 # then its run
+#   bash benchmarks/gpu_session.sh attention-smoke    # the attention kernels beside SDPA, do_bench
+#   bash benchmarks/gpu_session.sh pool           # on a host of several GPUs: the whole book side by side,
+#                                                 # one worker a GPU (casebook run --all --save), the table
+#                                                 # of what ran where, whether the GPUs' ceilings agree
 #   bash benchmarks/gpu_session.sh allreduce      # issue 35, on an nvidia-h200-x2 machine: the topology,
 #                                                 # the launcher's tests, then allreduce_norm on its two
 #                                                 # ranks (results/nvidia-h200-x2/)
@@ -214,7 +221,30 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
-  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|allreduce" >&2; exit 2 ;;
+  attention-prefill)  # issue 25: every prefill rung compiled against float64 at ragged, GQA and seq_q < seq_kv
+                      # shapes (bf16 here; the run checks fp16 too), then the committed run with counters.
+                      # Predicted: ~2 min of tests (the autotuner's compiles), ~6 min of run (108 points)
+    timeout 170 python3 -m pytest -q -x -k "prefill and bf16" tests/kernels/test_attention_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case attention_prefill $((580 - SECONDS)) --counters ;;
+  attention-decode)  # issue 25: every decode rung compiled, the fused combine's counters over 1000 launches,
+                     # then the committed run with counters. Predicted: ~1 min of tests, ~4 min of run
+    timeout 120 python3 -m pytest -q -x -k "decode or fused_combine" tests/kernels/test_attention_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case attention_decode $((580 - SECONDS)) --counters ;;
+  attention-smoke)  # the attention family's Triton kernels beside SDPA's backends outside the harness
+                    # (do_bench, warm L2): compile, agreement with float64, a first rate. ~2 min
+    timeout 300 python3 benchmarks/explore/attention/triton_smoke.py > "$out/logs/attention_smoke.txt" 2>&1
+    echo "smoke: exit $?"; cat "$out/logs/attention_smoke.txt" ;;
+  pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
+         # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
+         # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200
+    nvidia-smi --query-gpu=index,uuid,pci.bus_id,clocks.max.sm --format=csv,noheader
+    timeout 580 python3 -m casebook.cli run --all --save --results "$out/results" \
+      > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
+    echo "pool: exit $?"; cat "$out/logs/pool.txt"
+    grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|attention-prefill|attention-decode|attention-smoke|pool|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.

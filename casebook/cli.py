@@ -124,14 +124,20 @@ def hardware(
     raise typer.Exit(impl.main(remeasure=remeasure, json_out=json_out))
 
 
-def argv_of(ctx: typer.Context) -> list[str]:
+def argv_of(ctx: typer.Context, drop: tuple[str, ...] = (), arguments: list[str] | None = None) -> list[str]:
     """The command line a parsed command stands for, every option that differs from its default kept:
-    what a result stores, so that its Reproduce command is the one that made it."""
+    what a result stores, so that its Reproduce command is the one that made it. `drop`: options left out
+    (a many-case run's own), `arguments`: the positional arguments instead of those given."""
     out = ["casebook", ctx.info_name or ""]
+    if arguments is not None:
+        out += arguments
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
+        if param.name in drop:
+            continue
         if param.param_type_name == "argument":
-            out += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
+            if arguments is None:
+                out += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
         elif param.param_type_name == "option" and value != param.default and value not in (None, (), []):
             on = next((o for o in param.opts if o.startswith("--")), param.opts[0])
             if param.is_flag and param.secondary_opts:
@@ -143,29 +149,59 @@ def argv_of(ctx: typer.Context) -> list[str]:
     return out
 
 
+MANY = ("all_cases", "devices", "ray", "hardware", "json_out")
+"""`casebook run`'s options for many cases at once: not part of one case's command line."""
+
+
 @app.command()
 def run(
     ctx: typer.Context,
-    case: Annotated[Path, typer.Argument(metavar="CASE", help="The case YAML.")],
+    cases: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="CASE...", help="The case YAML(s); several run side by side, one a device.")] = None,
+    all_cases: Annotated[bool, typer.Option("--all", help="Every case under cases/.")] = False,
     variant: Annotated[Optional[list[str]], typer.Option(help="Only these variants (repeatable).")] = None,
     quick: Annotated[bool, typer.Option(help="Fewer repetitions: a smoke run, not a result to publish.")] = False,
     counters: Annotated[bool, typer.Option(
         help="Also read DRAM byte counters with Nsight Compute, if present.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result document.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result document (with several cases: what "
+                                                          "ran where).")] = False,
     results: Annotated[Path, typer.Option(
         help="The stored results: compared with, and written by --save.")] = Path("results"),
     timeout: Annotated[float, typer.Option(help="Seconds each variant's child process may run.")] = 600.0,
     save: Annotated[bool, typer.Option("--save", help="Also store the run in results/<hardware>/<case>.json.")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="With --save: replace a current stored result even with a slower or noisier run.")] = False,
+    devices: Annotated[Optional[str], typer.Option(
+        help="With several cases: the devices to spread over, as CUDA_VISIBLE_DEVICES names them, e.g. 0,1,2,3 "
+             "(default: every GPU visible; CASEBOOK_FAKE_DEVICES=N fakes N on a CPU).")] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        metavar="ADDRESS", help="Run the cases on a Ray cluster (the `cluster` extra): one task a case.")] = None,
+    hardware: Annotated[Optional[str], typer.Option(
+        help="With --ray: only on nodes offering this GPU kind (the Ray resource hardware:<slug>).")] = None,
 ) -> None:
     """Check, time, place on the roofline and compare one case, at the three levels; the run is kept under
-    $CASEBOOK_CACHE/runs (results/ only with --save)."""
-    from casebook.commands import run as impl
+    $CASEBOOK_CACHE/runs (results/ only with --save). Several cases (or --all) run side by side, one worker
+    a GPU of this host, or on a Ray cluster with --ray."""
+    paths = sorted(CASES_DIR.glob("*.yaml")) if all_cases else []
+    paths += [p for p in cases or [] if p not in paths]
+    if not paths:
+        raise typer.BadParameter("name a case, or --all", param_hint="CASE...")
+    if hardware and ray is None:
+        raise typer.BadParameter("--hardware places cases on a Ray cluster: give --ray ADDRESS",
+                                 param_hint="--hardware")
+    if len(paths) == 1 and not all_cases and devices is None and ray is None:
+        from casebook.commands import run as impl
 
-    raise typer.Exit(impl.main(case, variants=variant, quick=quick, counters=counters, json_out=json_out,
-                               results_dir=results, timeout=timeout, save=save, force=force,
-                               argv=argv_of(ctx)))
+        raise typer.Exit(impl.main(paths[0], variants=variant, quick=quick, counters=counters, json_out=json_out,
+                                   results_dir=results, timeout=timeout, save=save, force=force,
+                                   argv=argv_of(ctx, drop=MANY)))
+    from casebook.commands import run_many
+
+    flags = argv_of(ctx, drop=MANY, arguments=[])[2:]
+    raise typer.Exit(run_many.main(paths, devices=[d.strip() for d in devices.split(",") if d.strip()] if devices
+                                   else None, ray_address=ray, hardware=hardware, variants=variant, quick=quick,
+                                   counters=counters, json_out=json_out, results_dir=results, timeout=timeout,
+                                   save=save, force=force, flags=flags))
 
 
 @app.command()

@@ -136,7 +136,22 @@ def environment() -> dict:
         env.update(device_name=p.name, sm_count=p.multi_processor_count, memory_gb=round(p.total_memory / 1e9, 1),
                    l2_mb=round(getattr(p, "L2_cache_size", 0) / 2**20, 1), capability=f"{p.major}.{p.minor}")
         env.update(_nvidia_smi())
+    env["device"] = device()
     return env
+
+
+def device() -> dict:
+    """Which device of the host ran: what `CUDA_VISIBLE_DEVICES` named (a pool's or Ray's pinning), and on a
+    GPU its UUID and PCI bus id (nvidia-smi), so that two GPUs of one host are told apart in the results."""
+    out: dict = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    out.update(_nvidia_smi(("uuid", "pci.bus_id")))
+    return out
+
+
+def visible_device() -> str:
+    """The first device `CUDA_VISIBLE_DEVICES` names (an index or a UUID, as nvidia-smi's `-i` takes them);
+    "0" where unset. nvidia-smi ignores `CUDA_VISIBLE_DEVICES`, so its queries name the device."""
+    return (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
 
 
 def clocks() -> dict:
@@ -146,7 +161,8 @@ def clocks() -> dict:
 
 def _nvidia_smi(fields=("driver_version", "clocks.max.sm", "clocks.max.mem", "power.limit")) -> dict:
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "-i", visible_device(), f"--query-gpu={','.join(fields)}",
+                              "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return {}
@@ -193,10 +209,12 @@ def ceilings(remeasure: bool = False) -> dict:
     was refused as faster than physics. A busy measurement is taken again, up to `CEILING_ATTEMPTS`
     times, keeping each ceiling's best (interference only ever slows); if the machine stays busy, the
     ceilings are used for this run with the reasons under `unstable`, and measured again next time."""
+    import tempfile
+
     import torch
 
     ident = identify()
-    path = CACHE_DIR / f"ceilings-{ident['slug']}.json"
+    path = CACHE_DIR / f"ceilings-{ceilings_key(ident)}.json"
     if not remeasure and path.exists():
         try:
             cached = json.loads(path.read_text())
@@ -222,10 +240,21 @@ def ceilings(remeasure: bool = False) -> dict:
     measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"])
     if not measured["unstable"]:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(measured, indent=1))
-        tmp.replace(path)
+        fd, tmp = tempfile.mkstemp(dir=CACHE_DIR, prefix=f".{path.stem}.", suffix=".tmp")  # one a process:
+        with os.fdopen(fd, "w") as f:                                                     # a pool's side by side
+            f.write(json.dumps(measured, indent=1))
+        os.replace(tmp, path)
     return measured
+
+
+def ceilings_key(ident: dict) -> str:
+    """The ceilings' cache name: the slug, and on a GPU the device's UUID, so that each GPU of a host is
+    measured on itself (a pool's workers, one a GPU; the site counts two GPUs as one machine only where
+    their ceilings agree, `roofline.ceilings_apart`)."""
+    if ident["kind"] != "gpu":
+        return ident["slug"]
+    uuid = _nvidia_smi(("uuid",)).get("uuid") or visible_device()
+    return f"{ident['slug']}-{slug(uuid)}"
 
 
 def ceilings_implausible(measured: dict, ident: dict) -> list[str]:

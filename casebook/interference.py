@@ -33,14 +33,26 @@ def cpu_threads() -> int:
 
 
 def busy_ticks() -> tuple[int, int] | None:
-    """(ticks every CPU spent busy since boot, online CPUs) from /proc/stat; idle and I/O wait are not busy."""
+    """(ticks the CPUs this process may run on spent busy since boot, how many of them) from /proc/stat's
+    per-CPU lines; idle and I/O wait are not busy. A process pinned to its share of the host's cores (a
+    pool's worker, `casebook.pool`) judges its own cores, not the ones its neighbours were given."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in lines[0].split()[1:9])
-    cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
-    return user + nice + system + irq + softirq + steal, cpus  # guest time is already inside user
+    try:
+        mine = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        mine = None
+    busy = cpus = 0
+    for line in lines[1:]:
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()) or (mine is not None and int(name[3:]) not in mine):
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+        busy += user + nice + system + irq + softirq + steal  # guest time is already inside user
+        cpus += 1
+    return (busy, cpus) if cpus else None
 
 
 def own_cpu_s() -> float:

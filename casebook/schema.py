@@ -99,7 +99,9 @@ class Boundary(Strict):
 class Topology(Strict):
     """How many devices the case runs on and how they are linked (multi-device cases)."""
 
-    devices: Dim = Field(default=1, description="Number of devices the kernel spans.")
+    devices: Dim = Field(default=1, description="Number of devices the kernel spans: a run of many cases gives the "
+                                                "case that many devices of one host together (`casebook.pool`), or "
+                                                "asks Ray for that many GPUs on one node.")
     interconnect: Literal["none", "nvlink", "pcie", "infiniband", "ethernet"] = Field(
         default="none", description="The link between devices."
     )

@@ -99,3 +99,35 @@ def line_of():
         return [i for i, row in enumerate(rows, 1) if snippet in row][nth - 1]
 
     return find
+
+
+POOL_CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+"""Synthetic ceilings (as tests/test_run.py's): the tiny case's kernels sit far under every roof."""
+
+
+@pytest.fixture
+def small_book(tmp_path, monkeypatch):
+    """Two copies of the tests' scaled add (scaled_add, scaled_add_b) in a scratch book, the fixture
+    kernels importable by the workers' children, and a cache holding synthetic ceilings for this CPU."""
+    import json
+
+    import torch
+
+    from casebook import hardware
+
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    text = SMALL_CASE.read_text()
+    (cases / "scaled_add.yaml").write_text(text)
+    (cases / "scaled_add_b.yaml").write_text(text.replace("id: scaled_add ", "id: scaled_add_b "))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ident = hardware.identify()
+    (cache / f"ceilings-{hardware.ceilings_key(ident)}.json").write_text(json.dumps(
+        {**POOL_CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident["slug"]}))
+    monkeypatch.setenv("CASEBOOK_CACHE", str(cache))
+    monkeypatch.setattr(hardware, "CACHE_DIR", cache)
+    monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(FIXTURES / "kernels"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

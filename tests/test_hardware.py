@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -100,3 +101,18 @@ def test_ceilings_measured_on_a_busy_machine_are_measured_again_and_never_cached
     assert json.loads((tmp_path / "ceilings-cpu-toy.json").read_text())["copy_gbps"] == 13.0
     monkeypatch.setattr(hardware, "measure_cpu", lambda: pytest.fail("a quiet measurement is cached"))
     assert hardware.ceilings()["copy_gbps"] == 13.0
+
+
+def test_each_gpu_of_a_host_has_its_own_ceilings_and_is_named_in_the_result(monkeypatch):
+    """The ceilings are cached per GPU (its UUID), and the environment names the device that ran."""
+    def smi(fields=()):
+        return {"uuid": f"GPU-{os.environ['CUDA_VISIBLE_DEVICES']}aa", "pci_bus_id": "00000000:19:00.0"}
+
+    monkeypatch.setattr(hardware, "_nvidia_smi", smi)
+    gpu = {"kind": "gpu", "slug": "nvidia-h200"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert hardware.ceilings_key(gpu) == "nvidia-h200-gpu-3aa"
+    assert hardware.device() == {"cuda_visible_devices": "3", "uuid": "GPU-3aa", "pci_bus_id": "00000000:19:00.0"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    assert hardware.visible_device() == "5"  # nvidia-smi's -i names the first
+    assert hardware.ceilings_key({"kind": "cpu", "slug": "cpu-x-2c-24g"}) == "cpu-x-2c-24g"

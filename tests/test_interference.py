@@ -60,3 +60,15 @@ def test_gpu_state_is_none_without_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(interference, "_nvml_state", lambda index: None)
     assert interference.gpu_state() is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_busy_time_is_read_on_the_cores_this_process_may_use(monkeypatch):
+    """A pool's worker pinned to its share of the cores judges those, not its neighbours'."""
+    allowed = sorted(os.sched_getaffinity(0))
+    assert interference.busy_ticks()[1] == len(allowed)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {allowed[0]})
+    ticks, cpus = interference.busy_ticks()
+    line = next(x for x in open("/proc/stat") if x.startswith(f"cpu{allowed[0]} "))
+    user, nice, system, _, _, irq, softirq, steal = (int(v) for v in line.split()[1:9])
+    assert cpus == 1 and abs(ticks - (user + nice + system + irq + softirq + steal)) <= 5

@@ -75,7 +75,7 @@ def preflight_problem(case: Path, results_dir: Path, save: bool) -> str | None:
 
 def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
          timeout: float, save: bool, force: bool, argv: list[str] | None) -> int:
-    from casebook import results, run
+    from casebook import run
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
@@ -102,35 +102,59 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                     console.print(f"[red]{name} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
-        kept: list[Path] = []  # the run's own file, named when the run starts
-
-        def checkpoint(partial: dict) -> None:
-            kept[:] = kept or [results.run_path(results.runs_dir(), partial)]
-            results.save_as(partial, kept[0])
-
-        doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress,
-                           checkpoint=checkpoint)
-    if counters:
-        from casebook import counters as counters_mod
-
-        doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: console.print(msg, highlight=False))
-    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
-        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
-    path = results.save_as(doc, kept[0] if kept else results.run_path(results.runs_dir(), doc))
+        doc = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
+                      progress=progress, say=lambda msg: console.print(msg, highlight=False))
     if json_out:
         out.print_json(json.dumps(doc))
     else:
         report(doc)
+    path = keep(doc)
     console.print(f"this run: [bold]{path}[/bold]", highlight=False)
     against_stored(doc, results_dir)
     code = 1 if run.failed(doc) else 0
     if save:
-        from casebook.commands.record import store
-
-        code = max(code, store(doc, results_dir, case, force, console))
+        code = max(code, store(doc, results_dir, case, force))
     else:
         console.print(f"results/ untouched: `--save`, or `casebook record {path}`, stores it", highlight=False)
     return code
+
+
+def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
+            progress, say, ceilings: dict | None = None) -> dict:
+    """One case's run (`casebook.run.run_case`), its counters if asked, the command line that made it: the
+    result document, not yet kept. A checkpoint is kept after each variant but the last (`keep`), so a run
+    cut short leaves what it measured. The same for one case here and for each case of a pool or a cluster
+    (`ceilings`: the machine's, measured once for a CPU pool's workers; else this device's, cached)."""
+    from casebook import results, run
+
+    def checkpoint(partial: dict) -> None:
+        results.save_as(partial, results.run_path(results.runs_dir(), partial))
+
+    doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress, checkpoint=checkpoint,
+                       ceilings=ceilings)
+    if counters:
+        from casebook import counters as counters_mod
+
+        doc["counters"] = counters_mod.read(case, doc, progress=say)
+    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
+        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
+    return doc
+
+
+def keep(doc: dict) -> Path:
+    """Keep a run as `$CASEBOOK_CACHE/runs/<hardware>/<case>/<start>.json` (atomically, replacing its
+    checkpoint); the path."""
+    from casebook import results
+
+    return results.save_as(doc, results.run_path(results.runs_dir(), doc))
+
+
+def store(doc: dict, results_dir: Path, case: Path, force: bool, say: Console | None = None) -> int:
+    """`--save`: store a kept run in results/ (`casebook.commands.record.store`, atomic, refusing to replace a
+    current better result without `force`)."""
+    from casebook.commands.record import store as record_store
+
+    return record_store(doc, results_dir, case, force, say or console)
 
 
 def against_stored(doc: dict, results_dir: Path) -> None:

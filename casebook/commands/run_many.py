@@ -1,0 +1,215 @@
+"""`casebook run CASE... | --all`: many cases at once, over the GPUs of this host (`casebook.pool`) or a Ray
+cluster (`--ray`, `casebook.cluster`). Each case is one `casebook run CASE` (`commands.run.measure`); its
+run is kept, and with --save stored, here as it ends; progress per device; a table of what ran where."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from casebook.commands.run import STATUS_STYLE, console, out
+from casebook.pool import Job, Outcome
+
+
+def measure_case(case: Path, args: dict, progress) -> dict:
+    """The work of one pool worker or Ray task: `casebook run CASE` measured, with the single-case command
+    line that reproduces it (`args["flags"]`: the options it ran with)."""
+    from casebook.commands.run import measure
+
+    argv = ["casebook", "run", Path(case).as_posix(), *args["flags"]]
+    return measure(case, variants=args["variants"], quick=args["quick"], counters=args["counters"],
+                   timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None,
+                   ceilings=args.get("ceilings"))
+
+
+def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> list[Job] | None:
+    """A job a case, taking the devices its `topology.devices` names; None (after every problem printed,
+    `file:line: field: message`) where any case does not load or would not end well (`casebook.preflight`)."""
+    from rich.text import Text
+
+    from casebook.commands.run import preflight_problem
+    from casebook.commands.validate import print_problems
+    from casebook.load import CaseError, load_case
+
+    jobs, bad = [], False
+    for path in paths:
+        try:
+            case = load_case(path)
+        except CaseError as e:
+            print_problems(getattr(e, "errors", None) or [e], say)
+            bad = True
+            continue
+        if why := preflight_problem(Path(path), results_dir, save):
+            say.print(Text(why, style="red"))
+            bad = True
+            continue
+        jobs.append(Job(Path(path), case.topology.devices))
+    return None if bad else jobs
+
+
+def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | None, hardware: str | None,
+         variants, quick: bool, counters: bool, json_out: bool, results_dir: Path, timeout: float, save: bool,
+         force: bool, flags: list[str]) -> int:
+    jobs = jobs_of(paths, console, results_dir, save)
+    if jobs is None:
+        return 2
+    if not jobs:
+        console.print("no cases to run", highlight=False)
+        return 2
+    args = {"variants": variants, "quick": quick, "counters": counters, "timeout": timeout, "flags": flags}
+    landed: dict[Path, dict] = {}
+
+    def land(o: Outcome) -> None:
+        """Keep (and with --save store) a case's run the moment it ends: each file written atomically."""
+        from casebook import run
+        from casebook.commands.run import keep, store
+
+        rec = landed.setdefault(o.job.case, {})
+        if o.doc is None:
+            console.print(f"[bold red]{o.job.case}: {o.status}[/]: {o.error}", highlight=False)
+            return
+        rec["kept"] = keep(o.doc)
+        rec["failed"] = run.failed(o.doc)
+        if save:
+            rec["store"] = store(o.doc, results_dir, o.job.case, force, console)
+
+    start = time.monotonic()
+    with _Board(console, len(jobs)) as board:
+        def on_event(kind: str, info: dict) -> None:
+            board.event(kind, info)
+            if kind == "done":
+                land(info["outcome"])
+
+        if ray_address is not None:
+            from casebook import cluster
+
+            outcomes = cluster.run_on_ray(jobs, measure_case, args, address=ray_address, hardware=hardware,
+                                          runtime_env=cluster.ship(Path.cwd()), on_event=on_event)
+        else:
+            from casebook import pool
+
+            devs = pool.host_devices(devices)
+            if not pool.gpu_indices():  # one CPU's ceilings, measured once, before its workers share them out
+                from casebook import hardware as hardware_mod
+
+                args["ceilings"] = hardware_mod.ceilings()
+            board.devices(devs)
+            outcomes = pool.run_pool(jobs, devs, measure_case, args, on_event=on_event)
+    wall = time.monotonic() - start
+    if json_out:
+        out.print_json(json.dumps([_row(o, landed.get(o.job.case, {})) for o in outcomes]))
+    else:
+        out.print(where_table(outcomes, landed))
+    for line in ceilings_agreement([o.doc for o in outcomes if o.doc]):
+        console.print(line, highlight=False)
+    console.print(f"{len(outcomes)} case(s) in {wall:.1f} s", highlight=False)
+    bad = [o for o in outcomes if o.doc is None or landed[o.job.case].get("failed")
+           or landed[o.job.case].get("store", 0)]
+    return 1 if bad else 0
+
+
+def _row(o: Outcome, rec: dict) -> dict:
+    return {"case": o.job.case.as_posix(), "status": o.status, "where": o.where, "devices": list(o.devices),
+            "attempts": o.attempts, "seconds": round(o.seconds, 1), "failed": rec.get("failed"),
+            "kept": str(rec["kept"]) if rec.get("kept") else None,
+            "stored": rec["store"] == 0 if "store" in rec else None, "error": o.error}
+
+
+def where_table(outcomes: list[Outcome], landed: dict) -> Table:
+    """What ran where: a row a case, with its attempts, its wall time and what became of its result."""
+    t = Table(title="What ran where", title_justify="left", header_style="bold")
+    for col in ("case", "where", "attempts", "status", "seconds", "result"):
+        t.add_column(col)
+    for o in outcomes:
+        rec = landed.get(o.job.case, {})
+        status = o.status if o.doc is None else ("failed" if rec.get("failed") else "ok")
+        result = ("-" if o.doc is None else
+                  "stored" if rec.get("store") == 0 else "not stored" if "store" in rec else "kept")
+        tries = " then ".join(f"{','.join(a['devices']) or '-'} {a['status']}" for a in o.attempts) or "-"
+        t.add_row(o.job.case.stem, o.where or "-", tries, f"[{STATUS_STYLE.get(status, 'bold red')}]{status}[/]",
+                  f"{o.seconds:.1f}", result)
+    return t
+
+
+def ceilings_agreement(docs: list[dict]) -> list[str]:
+    """For each GPU kind that ran on more than one device: whether the devices' measured ceilings agree
+    (`roofline.ceilings_apart`), that is whether the site counts them as one machine."""
+    from casebook.roofline import ceilings_apart
+
+    by_device: dict[str, dict[str, dict]] = {}
+    for d in docs:
+        hw = d["hardware"]
+        if hw.get("kind") != "gpu":
+            continue
+        dev = (d["environment"].get("device") or {})
+        name = dev.get("uuid") or dev.get("cuda_visible_devices") or "?"
+        by_device.setdefault(hw["slug"], {}).setdefault(name, hw.get("measured") or {})
+    lines = []
+    for slug, devs in by_device.items():
+        if len(devs) < 2:
+            continue
+        (first, ref), *rest = devs.items()
+        apart = {name: ceilings_apart(ref, m) for name, m in rest}
+        if not any(apart.values()):
+            lines.append(f"{slug}: the ceilings of its {len(devs)} devices agree: one machine to the site")
+        for name, why in apart.items():
+            if why:
+                lines.append(f"[yellow]{slug}: device {name}'s ceilings are apart from {first}'s ({'; '.join(why)})"
+                             ": the site shows them as two machines[/]")
+    return lines
+
+
+class _Board:
+    """Progress per device (a row each: the case it runs, the task it is at) under a row for the cases;
+    where no live display can be drawn (a log), a line as each case starts and ends."""
+
+    def __init__(self, say: Console, cases: int) -> None:
+        self.say = say
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=say, transient=True)
+        self.cases = self.bar.add_task("cases", total=cases)
+        self.rows: dict[str, int] = {}
+
+    def __enter__(self) -> _Board:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def devices(self, devs: list[str]) -> None:
+        for d in devs:
+            self.rows[d] = self.bar.add_task(f"device {d}: idle", total=None)
+
+    def event(self, kind: str, info: dict) -> None:
+        row = self.rows.get(info.get("devices", ("",))[0]) if info.get("devices") else None
+        if kind == "start" and info.get("devices"):
+            again = f" (attempt {info['attempt']})" if info["attempt"] > 1 else ""
+            self.bar.update(row, description=f"device {','.join(info['devices'])}: {info['case'].stem}{again}",
+                            total=None, completed=0)
+            if not self.say.is_terminal:
+                self.say.print(f"{info['case'].stem}: started on device {','.join(info['devices'])}{again}",
+                               highlight=False)
+        elif kind == "progress" and row is not None:
+            e, i = info["event"], info["info"]
+            if e in ("plan", "pairs"):
+                self.bar.update(row, total=i["total"], completed=0)
+            elif e == "task":
+                self.bar.update(row, advance=1, description=f"device {','.join(info['devices'])}: "
+                                                            f"{info['case'].stem} {i['label']}")
+        elif kind == "retry":
+            self.say.print(f"[yellow]{info['case'].stem}: {info['error']}; trying it once more[/]", highlight=False)
+        elif kind == "done":
+            o = info["outcome"]
+            self.bar.update(self.cases, advance=1)
+            for d in o.devices:
+                if d in self.rows:
+                    self.bar.update(self.rows[d], description=f"device {d}: idle", total=None, completed=0)
+            if not self.say.is_terminal:
+                self.say.print(f"{o.job.case.stem}: {o.status} ({o.where or '-'}, {o.seconds:.1f} s)",
+                               highlight=False)

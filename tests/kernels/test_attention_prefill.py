@@ -1,0 +1,75 @@
+"""attention_prefill: every CPU-checkable rung through casebook.check as `casebook run` checks it (Triton through
+the interpreter) in both dtypes the case lists, at ragged, GQA and seq_q < seq_kv shapes; the traffic model
+and the case's declared intensity; the GPU-only rungs' reasons; the level-3 attention block."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
+
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from casebook.check import TOLERANCE, check
+from casebook.kernels import attention_prefill as mod
+
+REPO = Path(__file__).resolve().parents[2]
+CASE = yaml.safe_load((REPO / "cases" / "attention_prefill.yaml").read_text())
+ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+GPU_ONLY = [v["fn"] for v in CASE["kernel"]["variants"] if v["backends"] == ["cuda"]]
+DTYPES = CASE["levels"]["kernel"]["dtypes"]
+KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "mask")
+SHAPES = [  # mask 1 none, 2 causal
+    (1, 4, 1, 23, 23, 64, 2),  # group 4, ragged
+    (1, 8, 1, 7, 40, 128, 2),  # group 8, head dim 128, queries at the end of the context
+    (2, 2, 2, 30, 17, 64, 1),  # group 1, seq_q > seq_kv without a mask
+    (1, 2, 2, 1, 1, 64, 2),  # a context of 1
+]
+CASES = [(fn, s, d) for fn in ON_CPU for s in SHAPES for d in DTYPES]
+
+
+def as_shape(s: tuple) -> dict:
+    return dict(zip(KEYS, s))
+
+
+def test_every_cpu_rung_is_covered():
+    assert set(ON_CPU) == {"eager", "sdpa_math", "sdpa_flash", "triton_flash", "triton_flash_tma", "triton_flash_ws"}
+
+
+@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
+def test_rung_matches_reference(fn, shape, dtype):
+    seed = zlib.crc32(repr((fn, shape, dtype)).encode())
+    c = check(getattr(mod, fn), mod.reference, mod.make_inputs, as_shape(shape), dtype, "cpu", [seed])
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("fn", GPU_ONLY)
+def test_gpu_only_rungs_say_why_on_a_cpu(fn):
+    x = mod.make_inputs(as_shape((1, 2, 1, 8, 8, 64, 2)), torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
+    with pytest.raises(NotImplementedError):
+        getattr(mod, fn)(**x)
+
+
+def test_traffic_halves_the_flops_under_the_mask_and_matches_the_declared_intensity():
+    claim = as_shape((4, 32, 8, 4096, 4096, 128, 2))
+    causal, full = mod.traffic(claim, torch.bfloat16), mod.traffic({**claim, "mask": 1}, torch.bfloat16)
+    assert causal.bytes == full.bytes == 2 * (4 * 32 + 4 * 8) * 4096 * 128 * 2
+    assert full.flops == 4 * 4 * 32 * 4096 * 4096 * 128
+    assert causal.flops == full.flops * 4097 / 8192
+    declared = CASE["bottleneck"]["arithmetic_intensity"]
+    assert abs(causal.flops / causal.bytes - declared) / declared < 0.01
+
+
+def test_attention_block_runs_the_kernel_on_strided_views():
+    inputs = mod.make_block_inputs({"batch": 1, "seq": 20, "heads": 4, "kv_heads": 2, "head_dim": 64}, torch.bfloat16,
+                                   "cpu", torch.Generator().manual_seed(4))
+    base = mod.attention_block(mod.sdpa_math, **inputs)
+    assert base.shape == (1, 20, 256)
+    out = mod.attention_block(mod.triton_flash, **inputs)
+    assert ((out.double() - base.double()).norm() / base.double().norm()).item() < TOLERANCE["bf16"]
