@@ -113,3 +113,13 @@ def test_two_devices_are_another_machine():
     from casebook import hardware
 
     assert hardware.identify(devices=2)["slug"] == hardware.identify()["slug"] + "-x2"
+
+
+def test_kernel_devices_and_topology_devices_agree(tmp_path):
+    from casebook.load import load_case
+
+    text = (Path(__file__).parent.parent / "cases" / "allreduce_norm.yaml").read_text()
+    bad = tmp_path / "allreduce_norm.yaml"
+    bad.write_text(text.replace("topology:\n  devices: 2", "topology:\n  devices: 4"))
+    with pytest.raises(Exception, match="topology.devices says the kernel spans 4"):
+        load_case(bad)
