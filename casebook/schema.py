@@ -395,7 +395,7 @@ def consistency_problems(case: Any) -> list[str]:
     data of a file whose other errors keep it from loading (every problem of a file in one pass)."""
     problems: list[str] = []
     ranks, spans = getattr(case.kernel, "devices", 1), getattr(getattr(case, "topology", None), "devices", 1)
-    if ranks != spans and max(ranks, spans) > 1:
+    if type(ranks) is int and type(spans) is int and ranks != spans and max(ranks, spans) > 1:
         problems.append(f"kernel.devices: {ranks} ranks, but topology.devices says the kernel spans {spans}")
     variants = {v.name for v in case.kernel.variants}
     lv = case.levels
