@@ -29,10 +29,15 @@ def kernel_source(module: str) -> Path | None:
     try:
         spec = importlib.util.find_spec(f"casebook.kernels.{module}")
     except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
+        spec = None
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        return Path(spec.origin)
+    # The package's path is read from the environment when it is first imported; the children read it
+    # afresh, so a folder named there since is where they will find the module.
+    for folder in filter(None, os.environ.get("CASEBOOK_KERNELS_PATH", "").split(os.pathsep)):
+        if (Path(folder) / f"{module}.py").is_file() and module.isidentifier():
+            return Path(folder) / f"{module}.py"
+    return None
 
 
 def writable_problem(folder: Path, what: str) -> str | None:
