@@ -31,6 +31,8 @@
 #   bash benchmarks/gpu_session.sh decode         # decode_chain's GPU tests (the grid barrier), then its run
 #                                                 # with DRAM counters
 #   bash benchmarks/gpu_session.sh layout         # transpose then decode_chain, with counters, in one call
+#   bash benchmarks/gpu_session.sh transpose-run  # transpose's committed run alone (with counters)
+#   bash benchmarks/gpu_session.sh decode-run     # decode_chain's committed run alone (with counters)
 #   bash benchmarks/gpu_session.sh norms-xent     # rmsnorm then cross_entropy, with counters, in one call
 #   bash benchmarks/gpu_session.sh norms-rms      # the norm family's GPU tests, then rmsnorm with counters
 #   bash benchmarks/gpu_session.sh norms-fused    # rmsnorm_residual, rmsnorm_backward with counters
@@ -184,6 +186,10 @@ case "${1:-}" in
            # tests are the `transpose` and `decode` entries; each run checks every variant at its shapes)
     run_case transpose 280 --counters
     run_case decode_chain $((580 - SECONDS)) --counters ;;
+  transpose-run)  # the committed run alone, with DRAM counters (about 390 s on an H200)
+    run_case transpose 585 --counters ;;
+  decode-run)  # the committed run alone, with DRAM counters (about 450 s on an H200)
+    run_case decode_chain 585 --counters ;;
   norms-xent)  # issue 31 in one call: rmsnorm, then cross_entropy, each with DRAM counters (Liger in both)
     python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING"
     run_case rmsnorm 250 --counters
@@ -244,7 +250,7 @@ case "${1:-}" in
       > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
     echo "pool: exit $?"; cat "$out/logs/pool.txt"
     grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
-  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|norms-xent|attention-prefill|attention-decode|attention-smoke|pool|allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|attention-prefill|attention-decode|attention-smoke|pool|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
