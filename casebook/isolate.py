@@ -16,8 +16,10 @@ import ctypes
 import json
 import multiprocessing as mp
 import os
+import re
 import secrets
 import signal
+import stat
 import struct
 import sys
 import time
@@ -33,6 +35,15 @@ TOKEN_ENV = "CASEBOOK_WORKER_TOKEN"
 MAX_MESSAGE = 16 * 2**30
 """The largest answer the parent reads (outputs of a large GEMM in float64 fit); a longer one is a crash."""
 
+SPILL_BYTES = 2**20
+"""Tensors of this many bytes or more cross through a file in shared memory (`Spill`), smaller ones down the pipe."""
+
+SPILL_ENV = "CASEBOOK_SPILL_DIR"
+"""Overrides the spill directory (default /dev/shm); empty: everything down the pipe."""
+
+MAX_HEADER = 64 * 2**20
+"""The largest header frame the parent reads (the data of a message, its tensors apart)."""
+
 TENSOR_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "int32",
                  "int16", "int8", "uint8", "bool")
 """The tensor element types a message may hold."""
@@ -41,15 +52,21 @@ TENSOR_DTYPES = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "
 # --- the message format ------------------------------------------------------------------------------
 
 
-def encode(payload: Any) -> bytes:
-    """`payload` (JSON data, with torch tensors anywhere in it) as one message: an 8-byte header length, the
-    header (JSON, each tensor replaced by {"__tensor__": index, "dtype", "shape"}), then the tensors' bytes."""
-    blobs: list[bytes] = []
+def _split(payload: Any, spill: "Spill | None" = None) -> tuple[bytes, list]:
+    """`payload` as its JSON header (each tensor replaced by {"__tensor__": index, "dtype", "shape"}, the
+    byte length of each listed) and the tensors' bytes, as buffers over CPU copies (no further copy). With
+    `spill`, a large tensor's bytes go to a file of its own instead (`Spill`), named in the header."""
+    blobs: list = []
+    files: list = []
 
     def walk(x):
         if type(x).__module__.startswith("torch") and type(x).__name__ == "Tensor":
             t = x.detach().cpu().contiguous()
-            blobs.append(t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes() if t.numel() else b"")
+            raw = t.reshape(-1).view(__import__("torch").uint8).numpy() if t.numel() else b""
+            name = spill.write(raw) if spill is not None else None
+            blobs.append(b"" if name else raw)
+            files.append(name)
+            sizes.append(len(raw))
             return {"__tensor__": len(blobs) - 1, "dtype": str(t.dtype).removeprefix("torch."),
                     "shape": list(t.shape)}
         if isinstance(x, dict):
@@ -58,33 +75,84 @@ def encode(payload: Any) -> bytes:
             return [walk(v) for v in x]
         return x
 
-    header = json.dumps({"body": walk(payload), "blobs": [len(b) for b in blobs]}).encode()
-    return struct.pack("<Q", len(header)) + header + b"".join(blobs)
+    sizes: list[int] = []
+    head = {"body": walk(payload), "blobs": sizes}
+    if any(files):
+        head["files"] = files
+    return json.dumps(head).encode(), [b for b, f in zip(blobs, files) if not f]
+
+
+class Spill:
+    """Where a child puts the bytes of a large tensor: a file of its own in shared memory (`SPILL_DIR`),
+    named after the child's token, which the parent reads in one call and deletes. A gigabyte output
+    crosses at memory speed, where a pipe read in Python's chunks takes seconds. Without room there, the
+    tensor goes down the pipe."""
+
+    def __init__(self, token: str, directory: str | None = None):
+        self.token, self.dir = token, directory if directory is not None else spill_dir()
+        self.n = 0
+
+    def write(self, raw) -> str | None:
+        size = len(raw)
+        if not self.dir or size < SPILL_BYTES:
+            return None
+        try:
+            st = os.statvfs(self.dir)
+            if st.f_bavail * st.f_frsize < 2 * size:  # a full tmpfs kills the writer (SIGBUS): keep room
+                return None
+            self.n += 1
+            name = f"casebook-{self.token}-{self.n}"
+            fd = os.open(os.path.join(self.dir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return None
+        with os.fdopen(fd, "wb") as f:
+            f.write(memoryview(raw))
+        return name
+
+
+def spill_dir() -> str | None:
+    """The shared-memory directory large tensors cross through, where this machine has one."""
+    d = os.environ.get(SPILL_ENV, "/dev/shm")
+    return d if d and os.path.isdir(d) and os.access(d, os.W_OK) else None
+
+
+def clear_spill(token: str, directory: str | None = None) -> None:
+    """Delete what a child (by its token) left in the spill directory: it died between writing and sending."""
+    d = directory if directory is not None else spill_dir()
+    if d and token:
+        for path in Path(d).glob(f"casebook-{token}-*"):
+            path.unlink(missing_ok=True)
+
+
+def encode(payload: Any) -> bytes:
+    """`payload` (JSON data, with torch tensors anywhere in it) as one message: an 8-byte header length, the
+    header, then the tensors' bytes (a rank's answer written to a file)."""
+    header, blobs = _split(payload)
+    return struct.pack("<Q", len(header)) + header + b"".join(bytes(b) for b in blobs)
 
 
 class BadMessage(ValueError):
     """A child's answer that is not in the format."""
 
 
-def decode(data: bytes) -> Any:
-    """A message back as data: tensors rebuilt from their bytes after their declared type and shape are
-    checked against their length. Nothing in it is executed."""
-    if len(data) < 8:
-        raise BadMessage("message too short")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        raise BadMessage("header longer than the message")
+def _header(raw: bytes) -> tuple[Any, list[int], list]:
     try:
-        head = json.loads(data[8:8 + n])
+        head = json.loads(raw)
         sizes = [int(s) for s in head["blobs"]]
+        files = head.get("files") or [None] * len(sizes)
     except (ValueError, KeyError, TypeError) as e:
         raise BadMessage(f"unreadable header: {e}") from None
-    if sum(sizes) != len(data) - 8 - n or any(s < 0 for s in sizes):
-        raise BadMessage("tensor bytes do not add up to the message")
-    offsets, at = [], 8 + n
-    for s in sizes:
-        offsets.append(at)
-        at += s
+    if any(s < 0 for s in sizes):
+        raise BadMessage("a negative tensor length")
+    if not isinstance(files, list) or len(files) != len(sizes):
+        raise BadMessage("the spilled files do not match the tensors")
+    return head.get("body"), sizes, files
+
+
+def _rebuild(body: Any, blobs: list) -> Any:
+    """The message's data with each tensor rebuilt from its bytes (a uint8 tensor of the length the header
+    declared) after its declared type and shape are checked against that length. Nothing in it is
+    executed."""
     torch = None
 
     def walk(x):
@@ -94,25 +162,119 @@ def decode(data: bytes) -> Any:
                 if torch is None:
                     import torch
                 i, dtype, shape = x["__tensor__"], x.get("dtype"), x.get("shape")
-                if (not isinstance(i, int) or not 0 <= i < len(sizes) or dtype not in TENSOR_DTYPES
+                if (not isinstance(i, int) or not 0 <= i < len(blobs) or dtype not in TENSOR_DTYPES
                         or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)):
                     raise BadMessage("malformed tensor")
                 dt = getattr(torch, dtype)
                 numel = 1
                 for d in shape:
                     numel *= d
-                if numel * torch.empty((), dtype=dt).element_size() != sizes[i]:
-                    raise BadMessage(f"tensor {i}: {sizes[i]} bytes for {dtype} {shape}")
+                if numel * torch.empty((), dtype=dt).element_size() != blobs[i].numel():
+                    raise BadMessage(f"tensor {i}: {blobs[i].numel()} bytes for {dtype} {shape}")
                 if numel == 0:
                     return torch.empty(shape, dtype=dt)
-                raw = bytearray(data[offsets[i]:offsets[i] + sizes[i]])
-                return torch.frombuffer(raw, dtype=torch.uint8).view(dt).reshape(shape)
+                return blobs[i].view(dt).reshape(shape)
             return {k: walk(v) for k, v in x.items()}
         if isinstance(x, list):
             return [walk(v) for v in x]
         return x
 
-    return walk(head.get("body"))
+    return walk(body)
+
+
+def decode(data: bytes) -> Any:
+    """A message of `encode` back as data."""
+    if len(data) < 8:
+        raise BadMessage("message too short")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise BadMessage("header longer than the message")
+    body, sizes, files = _header(data[8:8 + n])
+    if any(files):
+        raise BadMessage("a message of a file names spilled tensors")
+    if sum(sizes) != len(data) - 8 - n:
+        raise BadMessage("tensor bytes do not add up to the message")
+    import torch
+
+    blobs, at = [], 8 + n
+    for s in sizes:
+        raw = bytearray(data[at:at + s])
+        blobs.append(torch.frombuffer(raw, dtype=torch.uint8) if s else torch.empty(0, dtype=torch.uint8))
+        at += s
+    return _rebuild(body, blobs)
+
+
+# --- the pipe: a header frame, then a frame per tensor -------------------------------------------------
+
+
+def send(conn, payload: Any) -> None:
+    """`payload` down `conn`: its header, then each tensor's bytes straight from its CPU copy (an output of
+    a gigabyte crosses once, not copied into one message first)."""
+    _send(conn, *_split(payload))
+
+
+def _send(conn, header: bytes, blobs: list) -> None:
+    """The header frame, then a frame for each tensor not spilled."""
+    conn.send_bytes(header)
+    for b in blobs:
+        conn.send_bytes(b)
+
+
+def receive(conn, deadline: float, limit: int = MAX_MESSAGE, token: str = "") -> Any:
+    """A message of `send` from `conn`, every frame by `deadline` (`time.monotonic()`, else TimeoutError):
+    each tensor read straight into memory of the length its header declared, all of them at most `limit`
+    bytes; a spilled one from its file, which must be the child's (`token`) and of that length, deleted once
+    read. BadMessage where the frames disagree with the header. EOFError / OSError where the child is gone."""
+
+    def frame_ready():
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError
+
+    frame_ready()
+    body, sizes, files = _header(conn.recv_bytes(MAX_HEADER))
+    if sum(sizes) > limit:
+        raise BadMessage(f"{sum(sizes)} bytes of tensors, over the limit of {limit}")
+    blobs = []
+    for s, name in zip(sizes, files):
+        import torch
+
+        buf = torch.empty(s, dtype=torch.uint8)  # not zeroed: the bytes are read straight into it
+        if name is not None:
+            _read_spilled(name, buf, token)
+            blobs.append(buf)
+            continue
+        frame_ready()
+        try:
+            got = conn.recv_bytes_into(buf.numpy()) if s else len(conn.recv_bytes(1))
+        except mp.BufferTooShort:
+            raise BadMessage("a tensor frame longer than its header says") from None
+        if got != s:
+            raise BadMessage(f"a tensor frame of {got} bytes where its header says {s}")
+        blobs.append(buf)
+    return _rebuild(body, blobs)
+
+
+def _read_spilled(name, buf, token: str) -> None:
+    """A spilled tensor's bytes into `buf`: only a regular file of the child's own (by name, in the spill
+    directory, no link followed) of exactly `buf`'s length; the file deleted."""
+    d = spill_dir()
+    if not (d and token and isinstance(name, str) and re.fullmatch(f"casebook-{token}-[0-9]+", name)):
+        raise BadMessage(f"a spilled tensor names a file that is not this child's: {str(name)[:80]!r}")
+    path = os.path.join(d, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise BadMessage(f"a spilled tensor's file cannot be read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != buf.numel():
+            raise BadMessage(f"a spilled tensor's file holds {st.st_size} bytes where its header says {buf.numel()}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            if buf.numel() and f.readinto(buf.numpy()) != buf.numel():
+                raise BadMessage("a spilled tensor's file ended early")
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 # --- the child ---------------------------------------------------------------------------------------
@@ -144,7 +306,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
         os._exit(1)
     os.environ.update(env)
     _conn = conn
-    conn.send_bytes(encode({"ready": True}))
+    send(conn, {"ready": True})
     while True:
         try:
             task = conn.recv()  # from the parent, which the child trusts
@@ -158,10 +320,10 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
             payload = {"status": "crashed", "error": f"{type(e).__name__}: {e}",
                        "traceback": traceback.format_exc(limit=8)}
         try:
-            message = encode({"done": payload})
+            frames = _split({"done": payload}, Spill(token))
         except Exception as e:
-            message = encode({"done": {"status": "crashed", "error": f"unsendable answer: {type(e).__name__}: {e}"}})
-        conn.send_bytes(message)
+            frames = _split({"done": {"status": "crashed", "error": f"unsendable answer: {type(e).__name__}: {e}"}})
+        _send(conn, *frames)
 
 
 # --- the parent's side ---------------------------------------------------------------------------------
@@ -202,18 +364,12 @@ class Worker:
     def _receive(self, limit_s: float) -> Any:
         """The next message, or a timeout / crash payload (a dict with "status")."""
         try:
-            ready = self.conn.poll(max(0.0, limit_s))
-        except (OSError, EOFError):
-            ready = True
-        if not ready:
+            return receive(self.conn, time.monotonic() + limit_s, token=self.token)
+        except TimeoutError:
             return {"status": "timeout", "error": f"no answer within {limit_s:.0f} s: killed"}
-        try:
-            data = self.conn.recv_bytes(MAX_MESSAGE)
         except (EOFError, OSError):  # the child died: segfault, abort, out of memory, os._exit
             self.proc.join(5)
             return {"status": "crashed", "error": f"child process died (exit code {self.proc.exitcode})"}
-        try:
-            return decode(data)
         except BadMessage as e:
             return {"status": "crashed", "error": f"child process sent a malformed answer ({e})"}
 
@@ -252,6 +408,7 @@ class Worker:
             self.proc.kill()
         self.proc.join(10)
         end_token(self.token)
+        clear_spill(self.token)
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None

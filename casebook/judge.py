@@ -74,12 +74,32 @@ def judge_call(rec: dict, expected: dict | None, device: str, dtype: str, tolera
             for j, k in rec.get("aliases_input") or []:
                 if j == i:
                     raise CheckFailed(f"output aliases input {k!r}")
-            err, row = compare_output(o["tensor"], e, dtype, tolerance)
+            err, row = compare_output(*on_device(o["tensor"], e, device), dtype, tolerance)
         except CheckFailed as err:
             raise CheckFailed(f"{prefix}{err}") from None
         errs.append(err)
         rows.append(row)
     return max(errs, default=0.0), max(rows, default=0.0)
+
+
+def on_device(got, expected, device: str) -> tuple:
+    """An output and its reference where the parent compares them: on the GPU for a GPU's outputs (the
+    float64 arithmetic over a gigabyte output takes milliseconds there, seconds on the host), else as
+    they came. Only the bytes the child sent are moved: nothing it owns runs here."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available() and torch.is_tensor(expected) and type(got) is torch.Tensor:
+        return got.to("cuda"), expected.to("cuda")
+    return got, expected
+
+
+def release(device: str) -> None:
+    """What judging a GPU's outputs left in the parent's allocator, handed back before the next task (the
+    variant's child needs the device's memory, the parent holds none between tasks)."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def passthrough(run: dict) -> dict:

@@ -196,6 +196,8 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, on_done: Callable
                                                      inputs=task.inputs, traffic=task.traffic if task.timed else ""),
                                           timeout_s)
                 payload = judge.point(task, raw, answers)
+                del answers
+                judge.release(task.device)
             out.append(payload)
             if on_done is not None:
                 on_done(i, payload)

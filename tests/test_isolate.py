@@ -31,6 +31,16 @@ def worker(task: str) -> dict:
         raise ValueError("bad shape")
     elif task == "env":
         return {"status": "ok", "pid": os.getpid(), "value": os.environ.get("CASEBOOK_TEST_ENV")}
+    elif task in ("large", "spill then die"):
+        import torch
+
+        x = torch.arange(2**19, dtype=torch.float32)  # 2 MiB: over the spill size
+        if task == "spill then die":
+            from casebook.isolate import TOKEN_ENV, Spill
+
+            Spill(os.environ[TOKEN_ENV]).write(x.numpy())
+            os._exit(5)
+        return {"status": "ok", "pid": os.getpid(), "x": x}
     return {"status": "ok", "pid": os.getpid(), "task": task}
 
 
@@ -130,6 +140,103 @@ def test_a_forged_message_is_refused_not_run():
     forged = json_dumps(header)
     with pytest.raises(BadMessage):
         decode(struct.pack("<Q", len(forged)) + forged + good[8 + n:])
+
+
+def test_a_message_crosses_the_pipe_a_frame_a_tensor():
+    import multiprocessing as mp
+    import time
+
+    import torch
+
+    from casebook.isolate import receive, send
+
+    a, b = mp.Pipe()
+    x = torch.randn(3, 5).to(torch.bfloat16)
+    send(a, {"outputs": [x, torch.empty(0)], "n": 2})
+    back = receive(b, time.monotonic() + 5)
+    assert torch.equal(back["outputs"][0], x) and back["outputs"][1].numel() == 0 and back["n"] == 2
+
+
+_OPEN: list = []  # the sending ends, kept open while a test reads
+
+
+def _frames(header: dict, *blobs: bytes):
+    import multiprocessing as mp
+
+    a, b = mp.Pipe()
+    a.send_bytes(json_dumps(header))
+    for blob in blobs:
+        a.send_bytes(blob)
+    _OPEN.append(a)
+    return b
+
+
+@pytest.mark.parametrize("blob", [b"\0" * 8, b"\0" * 32], ids=["shorter", "longer"])
+def test_a_tensor_frame_of_another_length_than_its_header_is_refused(blob):
+    import time
+
+    from casebook.isolate import BadMessage, receive
+
+    header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16]}
+    with pytest.raises(BadMessage):
+        receive(_frames(header, blob), time.monotonic() + 5)
+
+
+def test_a_header_over_the_limit_is_refused_before_any_tensor_is_read():
+    import time
+
+    from casebook.isolate import BadMessage, receive
+
+    header = {"body": {"__tensor__": 0, "dtype": "uint8", "shape": [2**40]}, "blobs": [2**40]}
+    with pytest.raises(BadMessage, match="over the limit"):
+        receive(_frames(header), time.monotonic() + 5)
+
+
+def test_a_child_that_sends_its_header_then_stops_runs_out_of_time():
+    import time
+
+    from casebook.isolate import receive
+
+    header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16]}
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        receive(_frames(header), t0 + 0.5)
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_large_tensor_crosses_through_shared_memory_and_leaves_nothing(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    big, died = run_isolated(worker, ["large", "spill then die"], timeout_s=30)
+    assert torch.equal(big["x"], torch.arange(2**19, dtype=torch.float32))
+    assert died["status"] == "crashed"
+    assert list(tmp_path.iterdir()) == []  # read and deleted; the dead child's file cleared
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "casebook-0000-1", "casebook-abc-1/../x"])
+def test_a_spilled_tensor_must_be_a_file_of_the_childs_own(tmp_path, monkeypatch, name):
+    import time
+
+    from casebook.isolate import BadMessage, receive
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    (tmp_path / "casebook-0000-1").write_bytes(b"\0" * 16)
+    header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16], "files": [name]}
+    with pytest.raises(BadMessage, match="not this child's"):
+        receive(_frames(header), time.monotonic() + 5, token="abc")
+
+
+def test_a_spilled_file_of_another_length_than_its_header_is_refused(tmp_path, monkeypatch):
+    import time
+
+    from casebook.isolate import BadMessage, receive
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    (tmp_path / "casebook-abc-1").write_bytes(b"\0" * 8)
+    header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16], "files": ["casebook-abc-1"]}
+    with pytest.raises(BadMessage, match="holds 8 bytes"):
+        receive(_frames(header), time.monotonic() + 5, token="abc")
 
 
 def json_loads(b: bytes):
