@@ -23,6 +23,9 @@ METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 GAP_FLAG = 0.10
 """A measured byte count further than this from the model is flagged."""
 
+VARIANT_TIMEOUT_S = 240
+"""The longest one variant may run under ncu (its compile included) before its row says it timed out."""
+
 
 def _counters_shape(case) -> dict:
     lv = case.levels.kernel
@@ -58,9 +61,9 @@ def read(case_path: Path, doc: dict, progress: Callable[[str], None] = print) ->
                sys.executable, "-m", "casebook.counters", spec]
         row = {"variant": v.name, "shape": shape, "dtype": dtype}
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VARIANT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            rows.append({**row, "error": "ncu timed out"})
+            rows.append({**row, "error": f"ncu timed out after {VARIANT_TIMEOUT_S} s"})
             continue
         reason = _marked(proc.stdout, "CASEBOOK_NOT_APPLICABLE=")
         if reason is not None:  # the variant's own word that it does not cover this shape

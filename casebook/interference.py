@@ -109,8 +109,24 @@ def gpu_state() -> dict | None:
     state = _nvml_state(index) or _nvidia_smi_state(device)
     if state is None:
         return None
-    mine = {os.getpid(), os.getppid()}
+    mine = run_family()
     return {**state, "other_processes": sorted(p for p in state["other_processes"] if p not in mine)}
+
+
+def run_family() -> set[int]:
+    """This process, its parent, and the parent's other children: the run's own workers (the reference's
+    child holds a CUDA context of its own beside the variant's), which are not another tenant. Read from
+    /proc where there is one."""
+    parent = os.getppid()
+    mine = {os.getpid(), parent}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                mine.add(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return mine
 
 
 def _nvml_state(index: int) -> dict | None:

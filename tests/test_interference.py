@@ -56,6 +56,25 @@ def test_gpu_state_from_nvidia_smi_leaves_out_this_process(tmp_path, monkeypatch
     assert interference.gpu_state() == {"sm_clock_mhz": 1980.0, "mem_clock_mhz": 3201.0, "other_processes": [4242]}
 
 
+def test_gpu_state_leaves_out_the_runs_other_workers_not_a_stranger(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the reference's child
+    try:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text(FAKE_SMI.format(me=sibling.pid))
+        smi.chmod(0o755)
+        env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+        probe = ("from casebook import interference; interference._nvml_state = lambda index: None; "
+                 "print(interference.gpu_state()['other_processes'])")
+        seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        sibling.kill()
+        sibling.wait()
+    assert seen.stdout.strip() == "[4242]", seen.stderr
+
+
 def test_gpu_state_is_none_without_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(interference, "_nvml_state", lambda index: None)

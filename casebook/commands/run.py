@@ -132,12 +132,13 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
 
     doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress, checkpoint=checkpoint,
                        ceilings=ceilings)
+    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
+        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
     if counters:
         from casebook import counters as counters_mod
 
+        keep(doc)  # the measured run, complete, before the profiler: counters cut short lose nothing else
         doc["counters"] = counters_mod.read(case, doc, progress=say)
-    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
-        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
     return doc
 
 
