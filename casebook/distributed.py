@@ -5,7 +5,10 @@ fresh interpreters (`python -m casebook.distributed`), since the measuring child
 may not fork children of its own through multiprocessing; they live as long as the measuring child
 (one variant's tasks). Each rank joins a process group (NCCL on GPUs, gloo over loopback on a CPU),
 runs the single-device path of `measure.work` on each task it is sent, and writes its payload; the
-slowest rank's timing is the point's. A rank that dies or hangs past `RANK_TIMEOUT_S`
+slowest rank's timing is the point's. Each task tells the ranks the run's process ids (theirs and the
+launcher's): a rank's reading of the machine counts its siblings' CPU as the run's own, not as other
+processes' (`interference.count_as_own`), so that two ranks on one machine are not a busy machine to each
+other, while any other process still is. A rank that dies or hangs past `RANK_TIMEOUT_S`
 ends the others, and the task is recorded as crashed or timed out, like any variant's.
 """
 
@@ -67,9 +70,10 @@ def run_ranks(task, timeout_s: float | None = None) -> dict:
     procs, tmp = _ranks(n, task.device)
     outs = [tmp / f"task{_pool['tasks']}-rank{r}.msg" for r in range(n)]
     _pool["tasks"] += 1
+    run = [os.getpid(), *(p.pid for p in procs)]  # what each rank's timing counts as the run's own CPU
     try:
         for p, out in zip(procs, outs):
-            pickle.dump((task, str(out)), p.stdin)
+            pickle.dump((task, str(out), run), p.stdin)
             p.stdin.flush()
     except (BrokenPipeError, OSError):
         pass  # a rank already dead: _wait says which
@@ -162,7 +166,9 @@ def _free_port() -> int:
 
 def merge(task, payloads: list[dict]) -> dict:
     """One raw payload from every rank's (`casebook.judge` judges it as any child's): a rank that did not run
-    decides; else the slowest rank's, by its median time, with every rank's median beside it."""
+    decides; else the slowest rank's, by its median time (its outputs and its reading of the machine), with
+    every rank's repetitions and reading beside it (`rank_times_us`, from which the parent takes each rank's
+    median and the slowest again, `judge.slowest_rank`; `rank_interference`, each judged by `stability`)."""
     for r, p in enumerate(payloads):
         if p.get("status") not in ("ran", "ok"):
             return {**p, "error": f"rank {r}: {p.get('error')}"}
@@ -174,6 +180,9 @@ def merge(task, payloads: list[dict]) -> dict:
     out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r}
     if all(m is not None for m in medians):
         out["rank_median_us"] = medians
+        if task.kind == "point":
+            out["rank_times_us"] = [p[key] for p in payloads]
+            out["rank_interference"] = [p.get("interference") or {} for p in payloads]
     return out
 
 
@@ -240,6 +249,7 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from casebook.interference import count_as_own
     from casebook.measure import work
 
     if device == "cuda":
@@ -249,9 +259,10 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
                             rank=rank, world_size=world, timeout=dt.timedelta(seconds=RANK_TIMEOUT_S))
     while True:
         try:
-            task, out = pickle.load(sys.stdin.buffer)
+            task, out, run = pickle.load(sys.stdin.buffer)
         except EOFError:
             break
+        count_as_own(run)  # the sibling ranks and their launcher: this run, not a busy machine
         try:
             if task.kind == "topology":
                 payload = {"status": "ran", "topology": topology(device)}

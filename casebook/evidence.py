@@ -82,6 +82,11 @@ def point_problems(p: dict, measured: dict) -> list[str]:
     if not p["p10_us"] <= p["median_us"] <= p["p90_us"]:
         return [f"{_label(p)}: p10 {p['p10_us']:g}, median {p['median_us']:g} and p90 {p['p90_us']:g} us are out "
                 "of order"]
+    ranks = p.get("rank_median_us")
+    if ranks is not None and (not ranks or not all(_finite(m) and m > 0 for m in ranks)
+                              or abs(max(ranks) / p["median_us"] - 1) > AGREE):
+        return [f"{_label(p)}: its median {p['median_us']:g} us is not the slowest of its ranks' medians "
+                f"({ranks})"]
     if not (_finite(p.get("flops")) and _finite(p.get("bytes")) and p["flops"] >= 0 and p["bytes"] >= 0):
         return [f"{_label(p)}: no traffic (FLOPs and bytes) to place it by"]
     matmul = measured.get("matmul_tflops") or {}

@@ -113,9 +113,37 @@ def point(task, run: dict, oracle: dict | None) -> dict:
                first_call_s=run.get("first_call_s"))
     if not task.timed:
         return {**out, "status": "checked"}
+    if "rank_times_us" in run:
+        if why := ranks_problem(run["rank_times_us"]):
+            return {**out, "status": "failed", "error": f"timing: {why}"}
+        run = slowest_rank(run)
     if why := times_problem(run.get("times_us")):
         return {**out, "status": "failed", "error": f"timing: {why}"}
     return {**out, **place_point(task, run, oracle.get("traffic") or {})}
+
+
+def ranks_problem(ranks) -> str | None:
+    """Why a multi-device point's per-rank repetitions are not a measurement (None: they are one)."""
+    if not isinstance(ranks, list) or not ranks:
+        return "no rank's repetitions"
+    for r, times in enumerate(ranks):
+        if why := times_problem(times):
+            return f"rank {r}: {why}"
+    return None
+
+
+def slowest_rank(run: dict) -> dict:
+    """A multi-device point's payload with the slowest rank's repetitions as its times: each rank's median
+    taken again here from its own repetitions (`rank_times_us`), every one kept (`rank_median_us`). A
+    collective is as fast as its slowest rank."""
+    medians = [summarize(t).median_us for t in run["rank_times_us"]]
+    r = max(range(len(medians)), key=medians.__getitem__)
+    out = {**run, "times_us": run["rank_times_us"][r], "ranks": len(medians), "slowest_rank": r,
+           "rank_median_us": medians}
+    readings = run.get("rank_interference")
+    if isinstance(readings, list) and len(readings) == len(medians):
+        out["interference"] = readings[r]
+    return out
 
 
 def place_point(task, run: dict, traffic: dict) -> dict:
@@ -126,6 +154,10 @@ def place_point(task, run: dict, traffic: dict) -> dict:
            "p90_us": s.p90_us, "cv": s.cv, "repetitions": s.repetitions, "timer": run.get("timer"),
            "flops": traffic.get("flops"), "bytes": traffic.get("bytes"), "traffic_terms": traffic.get("terms"),
            "launches": launches, "threads": run.get("threads"), "interference": run.get("interference") or {}}
+    if run.get("rank_median_us"):
+        out.update({k: run[k] for k in ("ranks", "slowest_rank", "rank_median_us")})
+        if isinstance(run.get("rank_interference"), list):
+            out["rank_interference"] = run["rank_interference"]
     if run.get("autotuned"):
         out["autotuned"] = run["autotuned"]
     if (run.get("input_sets") or 1) > 2:

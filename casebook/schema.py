@@ -497,10 +497,22 @@ class Point(Open):
         default=None, description="Configuration each Triton autotuner ran in the timed calls, by module.kernel.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
     threads: int | None = Field(default=None, description="Threads torch's CPU path ran with (set explicitly).")
+    ranks: int | None = Field(default=None, description="Multi-device cases: the ranks (one process a device) that "
+                                                        "timed the point together; absent: one device.")
+    rank_median_us: list[float] | None = Field(
+        default=None, description="Multi-device cases: each rank's median time per call, microseconds, in rank "
+                                  "order; the point's median_us (and its p10, p90) are the slowest rank's.")
+    rank_interference: list[dict[str, Any]] | None = Field(
+        default=None, description="Multi-device cases: each rank's reading of the machine over its timing (as "
+                                  "`interference`, in rank order); the point is unstable where any rank's is over "
+                                  "the bounds.")
+    slowest_rank: int | None = Field(default=None, description="Multi-device cases: the rank whose times are the "
+                                                               "point's (the largest of rank_median_us).")
     interference: dict[str, Any] | None = Field(
         default=None, description="What else the machine did over the repetitions: window_s, other_cpu_s (other "
-                                 "processes' CPU seconds), cpus, run_queue_wait_s, load_average; on a GPU, its clocks "
-                                 "and other processes (`casebook.interference`).")
+                                 "processes' CPU seconds), cpus, run_queue_wait_s, load_average; in a multi-device "
+                                 "run, run_cpu_s (the sibling ranks' and their launcher's CPU seconds, left out of "
+                                 "other_cpu_s); on a GPU, its clocks and other processes (`casebook.interference`).")
     unstable: list[str] | None = Field(
         default=None, description="Why the point is unstable (spread or interference over the bounds in "
                                  "`casebook.stability`); absent: stable. `casebook check` does not publish it.")
