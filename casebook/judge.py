@@ -166,11 +166,12 @@ def place_point(task, run: dict, traffic: dict) -> dict:
     if not isinstance(flops, (int, float)) or not isinstance(nbytes, (int, float)):
         return {**out, "status": "failed", "error": "the traffic model gave no FLOPs and bytes"}
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
-                  launch_us=task.roofs["launch_us"])
+                  launch_us=task.roofs["launch_us"], link_gbps=task.roofs.get("link_gbps"))
     host_us = run.get("host_us") or 0.0
+    link_bytes = traffic.get("link_bytes") or 0.0
     try:
         p = place(flops, nbytes, launch_count(launches, task.roofs), s.median_us, roofs,
-                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us)
+                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us, link_bytes=link_bytes)
     except FasterThanPhysics as e:
         if task.roofs.get("busy"):  # the ceiling, not the kernel, is the suspect: not placed, not published
             return {**out, "status": "ok", "unstable": [f"under the floor of ceilings measured on a busy machine "
@@ -181,7 +182,16 @@ def place_point(task, run: dict, traffic: dict) -> dict:
             "bandwidth_floor_us": p.bandwidth_floor_us, "launch_floor_us": p.launch_floor_us,
             "host_issue_us": host_us, "roof_fraction": p.roof_fraction, "regime": p.regime,
             "attainable_tflops": p.attainable_tflops, "compute_roof_tflops": roofs.compute_tflops,
-            "bandwidth_roof_gbps": roofs.bandwidth_gbps}
+            "bandwidth_roof_gbps": roofs.bandwidth_gbps, **_on_link(link_bytes, s.median_us, roofs, p)}
+
+
+def _on_link(link_bytes: float, median_us: float, roofs: Roofs, p) -> dict:
+    """A multi-device point's place against the link: its bus bytes, the bus bandwidth they reached, the
+    link's floor and roof (nothing for one device)."""
+    if not (link_bytes and roofs.link_gbps):
+        return {}
+    return {"link_bytes": link_bytes, "bus_gbps": link_bytes / median_us / 1e3, "link_floor_us": p.link_floor_us,
+            "link_roof_gbps": roofs.link_gbps}
 
 
 def pair(run: dict) -> dict:

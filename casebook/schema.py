@@ -481,7 +481,8 @@ class Point(Open):
     arithmetic_intensity: float | None = Field(default=None, description="FLOPs per byte, from the traffic model.")
     floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, "
                                                              "microseconds.")
-    bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds.")
+    bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds "
+                                                                       "(less link_bytes, where there is a link).")
     launch_floor_us: float | None = Field(
         default=None, description="Every kernel at its cost inside a CUDA graph, microseconds.")
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof "
@@ -534,6 +535,17 @@ class Point(Open):
                                                                         "(the measured matmul ceiling of its dtype).")
     bandwidth_roof_gbps: float | None = Field(default=None, description="The bandwidth roof it was placed under, GB/s "
                                                                         "(the measured copy ceiling).")
+    link_bytes: float | None = Field(
+        default=None, description="Multi-device cases: the part of `bytes` that crosses the link between devices (a "
+                                  "collective's bus bytes, 2(n-1)/n of an all-reduce's message, NCCL's convention).")
+    bus_gbps: float | None = Field(default=None, description="Multi-device cases: link_bytes over the median time, "
+                                                             "GB/s (NCCL's bus bandwidth).")
+    link_floor_us: float | None = Field(
+        default=None, description="Multi-device cases: link_bytes over the link roof, microseconds; the other bytes "
+                                  "are on the bandwidth (memory) roof.")
+    link_roof_gbps: float | None = Field(
+        default=None, description="Multi-device cases: the link roof it was placed under, GB/s (the hardware's "
+                                  "measured interconnect ceiling, `hardware.topology.bus_gbps`).")
     weight: float | None = Field(default=None, description="Level 2: the shape's weight in the distribution.")
     source: str | None = Field(default=None, description="Level 2: where the shape and its weight come from.")
 
