@@ -44,12 +44,18 @@ LINK_MESSAGE_BYTES = {"cuda": 256 * 2**20, "cpu": 16 * 2**20}
 where NCCL's bus bandwidth levels off), 16 MB over gloo on a CPU."""
 
 
+LOCKSTEP = (f"each rank times the same repetitions (two warm-up calls, then {FIXED_REPS['cuda']} on a GPU, "
+            f"{FIXED_REPS['cpu']} on a CPU), every rank meeting the others at a barrier after its flush and before "
+            "each repetition, outside its time; each rank's median kept, the slowest rank's the point's")
+"""How a multi-device case's points are timed, as the result's protocol says it."""
+
+
 def lockstep(protocol: dict, device: str) -> dict:
     """A timing protocol every rank follows to the same number of calls: two warm-up calls, then exactly
-    `FIXED_REPS` repetitions (no confidence-interval or time-cap stop)."""
+    `FIXED_REPS` repetitions (no confidence-interval or time-cap stop), the ranks meeting before each."""
     reps = min(FIXED_REPS[device], protocol.get("max_reps", FIXED_REPS[device]))
     return {**protocol, "warmup_ms": 0.0, "min_reps": reps, "max_reps": reps, "target_ci": 0.0,
-            "time_cap_s": math.inf}
+            "time_cap_s": math.inf, "rank_barrier": True}
 
 
 _pool: dict = {}

@@ -314,6 +314,10 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                                    "returned, 1 call after timing on new values in the same tensors; float64 "
                                    "reference; normwise and per-row relative error; NaN/Inf fail; the allocator "
                                    "poisoned before every call alike; inputs checked unmodified"}
+    if case.kernel.devices > 1:
+        from casebook.distributed import LOCKSTEP
+
+        protocol_doc.update(rank_barrier=True, ranks=LOCKSTEP)
     if on_gpu:
         from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, L2_FLUSH_METHOD, PIPELINED_CALLS, l2_flush_bytes
 

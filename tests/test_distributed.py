@@ -32,7 +32,7 @@ def task(fn: str, kind: str = "point", **kw) -> Task:
 def test_lockstep_fixes_the_number_of_calls():
     p = lockstep(FAST, "cpu")
     assert p["min_reps"] == p["max_reps"] == 20 and p["warmup_ms"] == 0 and p["target_ci"] == 0
-    assert math.isinf(p["time_cap_s"])
+    assert math.isinf(p["time_cap_s"]) and p["rank_barrier"]
 
 
 def test_merge_reports_the_slowest_rank_and_every_rank():
