@@ -172,8 +172,9 @@ def _free_port() -> int:
 
 def merge(task, payloads: list[dict]) -> dict:
     """One raw payload from every rank's (`casebook.judge` judges it as any child's): a rank that did not run
-    decides; else the slowest rank's, by its median time (its outputs and its reading of the machine), with
-    every rank's repetitions and reading beside it (`rank_times_us`, from which the parent takes each rank's
+    decides; else the slowest rank's, by its median time (its reading of the machine), with every rank's
+    outputs (`rank_calls`, each checked), what any rank rebound or loaded, and every rank's repetitions and
+    reading beside it (`rank_times_us`, from which the parent takes each rank's
     median and the slowest again, `judge.slowest_rank`; `rank_interference`, each judged by `stability`)."""
     for r, p in enumerate(payloads):
         if p.get("status") not in ("ran", "ok"):
@@ -183,7 +184,11 @@ def merge(task, payloads: list[dict]) -> dict:
     r = 0
     if all(m is not None for m in medians):
         r = max(range(len(payloads)), key=lambda i: medians[i])
-    out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r}
+    out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r,
+           "rebound": sorted({name for p in payloads for name in p.get("rebound") or []}),
+           "loaded": sorted({name for p in payloads for name in p.get("loaded") or []})}
+    if task.kind == "point":  # every rank's outputs are checked, not the slowest's alone
+        out["rank_calls"] = [p.get("calls") or [] for p in payloads]
     if all(m is not None for m in medians):
         out["rank_median_us"] = medians
         if task.kind == "point":

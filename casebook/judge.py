@@ -98,17 +98,22 @@ def point(task, run: dict, oracle: dict | None) -> dict:
     if not isinstance(oracle, dict) or oracle.get("status") != "ok":
         why = (oracle or {}).get("error", "no answer")
         return {"status": "crashed", "error": f"the reference could not be computed: {why}"}
-    calls = run.get("calls") or []
-    if not calls:
+    ranks = run.get("rank_calls")  # a multi-device point: every rank's outputs, each against the reference
+    by_rank = [(f"rank {r}: ", c or []) for r, c in enumerate(ranks)] if isinstance(ranks, list) and ranks else [
+        ("", run.get("calls") or [])]
+    calls = [rec for _, c in by_rank for rec in c]
+    if not all(c for _, c in by_rank):
         return {"status": "crashed", "error": "the variant's process sent no outputs"}
     worst = worst_row = 0.0
-    for rec in calls:
-        try:
-            err, row = judge_call(rec, oracle["expected"].get(str(rec.get("seed"))), task.device, task.dtype,
-                                  task.tolerance)
-        except CheckFailed as e:
-            return {"status": "failed", "correct": False, "max_rel_err": worst, "error": f"{_where(rec)}: {e}"}
-        worst, worst_row = max(worst, err), max(worst_row, row)
+    for who, rank_calls in by_rank:
+        for rec in rank_calls:
+            try:
+                err, row = judge_call(rec, oracle["expected"].get(str(rec.get("seed"))), task.device, task.dtype,
+                                      task.tolerance)
+            except CheckFailed as e:
+                return {"status": "failed", "correct": False, "max_rel_err": worst,
+                        "error": f"{who}{_where(rec)}: {e}"}
+            worst, worst_row = max(worst, err), max(worst_row, row)
     out.update(correct=True, max_rel_err=worst, max_row_err=worst_row, checked_calls=len(calls),
                first_call_s=run.get("first_call_s"))
     if not task.timed:

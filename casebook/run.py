@@ -196,7 +196,8 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, on_done: Callable
                 answers = None
                 if raw.get("status") == "ran":
                     wanted = reference_seeds(task)
-                    seeds = sorted({r.get("seed") for r in raw.get("calls") or [] if isinstance(r, dict)} & wanted)
+                    recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
+                    seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict)} & wanted)
                     answers = ref.request(OracleTask(module=task.module, shape=task.shape, dtype=task.dtype,
                                                      device=task.device, seeds=tuple(seeds), reference=task.reference,
                                                      inputs=task.inputs, traffic=task.traffic if task.timed else ""),
