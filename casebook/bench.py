@@ -44,6 +44,10 @@ class Protocol:
     host_slack_us: float | None = None
     """Device-side delay before each timed GPU call. None: long enough to hide the call's host time
     (see `slack_us`); a number: exactly that, and host time beyond it shows in the timing."""
+    rank_barrier: bool = False
+    """A multi-device case's ranks (`casebook.distributed.lockstep`): every rank waits for the others at a
+    barrier before each timed repetition, after its cache flush, outside its time. Without it a rank's time
+    of a collective holds its siblings' lateness: their flush, or their wait for the CPU."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +148,8 @@ class Step:
 
     prepare: Callable[[], object] | None = None
     flush: Callable[[], object] | None = None
+    align: Callable[[], object] | None = None
+    """After the flush: the ranks of a multi-device case meet (`Protocol.rank_barrier`)."""
     sleep_cycles: int = 0
     start: object = None
     end: object = None
@@ -170,6 +176,8 @@ def drive(call: Callable[[], object], schedule) -> object:
             step.prepare()
         if step.flush is not None:
             step.flush()
+        if step.align is not None:
+            step.align()
         if step.sleep_cycles:
             torch.cuda._sleep(step.sleep_cycles)
         if step.start is not None:
@@ -224,14 +232,15 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
             yield st
         host_us = min(float(np.median(host)), float(np.median([(s.t1 - s.t0) / 1e3 for s in steps])))
     cold = protocol.cache == "cold"
+    align = _rank_barrier(device) if protocol.rank_barrier else None
     if device != "cuda":
-        sample, timer = _cpu_sampler(cold, prepare), "time.perf_counter_ns"
+        sample, timer = _cpu_sampler(cold, prepare, align), "time.perf_counter_ns"
     elif protocol.graph:
         graph = _cuda_graph_sampler(graph_call, max(GRAPH_CALLS, input_sets))
         sample, timer = _passive(graph), "cuda graph replay"
     else:
         slack = slack_us(host, protocol.host_slack_us)
-        sample, timer = _cuda_sampler(cold, slack, prepare), "cuda events"
+        sample, timer = _cuda_sampler(cold, slack, prepare, align), "cuda events"
 
     times: list[float] = []
     window = interference.Window()
@@ -245,6 +254,18 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
             break
         batch = min(max(batch, len(times)), protocol.max_reps - len(times))
     return Timing(summarize(times), timer, host_us, slack, window.close(), times=times)
+
+
+def _rank_barrier(device: str) -> Callable[[], None]:
+    """Every rank of the process group waits for the others (and, on a GPU, for its own device: the barrier's
+    all-reduce is a kernel), so that each starts its timed repetition together."""
+    import torch.distributed as dist
+
+    def align() -> None:
+        dist.barrier()
+        _sync(device)
+
+    return align
 
 
 def _passive(sampler: Callable[[int], list[float]]):
@@ -298,15 +319,15 @@ def slack_us(host_times_us: list[float], fixed: float | None = None) -> float:
     return max(HOST_SLACK_US, HOST_SLACK_MARGIN * float(np.percentile(host_times_us, 90)))
 
 
-def _cuda_sampler(flush: bool, slack: float, prepare=None):
+def _cuda_sampler(flush: bool, slack: float, prepare=None, align=None):
     """Repetitions timed by device events, each behind an L2 flush (cold) and a device-side delay that hides
     the host's issue time; the events are made before the batch and read after it."""
     flusher = _get_flusher() if flush else None
     cycles = int(slack * 2000)  # at least `slack` us at any SM clock up to 2 GHz
 
     def sample(n: int, observe):
-        steps = [Step(prepare=prepare, flush=flusher, sleep_cycles=cycles, start=_CudaEvent(enable_timing=True),
-                      end=_CudaEvent(enable_timing=True)) for _ in range(n)]
+        steps = [Step(prepare=prepare, flush=flusher, align=align, sleep_cycles=cycles,
+                      start=_CudaEvent(enable_timing=True), end=_CudaEvent(enable_timing=True)) for _ in range(n)]
         steps[-1].sync = "cuda"
         for st in steps:
             observe((yield st))
@@ -366,9 +387,9 @@ def _cpu_flush() -> None:
     _cpu_flush_buffer.add_(1)  # not zero_(): large memsets use non-temporal stores, which bypass the cache
 
 
-def _cpu_sampler(flush: bool, prepare=None):
+def _cpu_sampler(flush: bool, prepare=None, align=None):
     def sample(n: int, observe):
-        steps = [Step(prepare=prepare, flush=_cpu_flush if flush else None) for _ in range(n)]
+        steps = [Step(prepare=prepare, flush=_cpu_flush if flush else None, align=align) for _ in range(n)]
         for st in steps:
             observe((yield st))
         return [(s.t1 - s.t0) / 1e3 for s in steps]

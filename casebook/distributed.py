@@ -5,7 +5,10 @@ fresh interpreters (`python -m casebook.distributed`), since the measuring child
 may not fork children of its own through multiprocessing; they live as long as the measuring child
 (one variant's tasks). Each rank joins a process group (NCCL on GPUs, gloo over loopback on a CPU),
 runs the single-device path of `measure.work` on each task it is sent, and writes its payload; the
-slowest rank's timing is the point's. A rank that dies or hangs past `RANK_TIMEOUT_S`
+slowest rank's timing is the point's. Each task tells the ranks the run's process ids (theirs and the
+launcher's): a rank's reading of the machine counts its siblings' CPU as the run's own, not as other
+processes' (`interference.count_as_own`), so that two ranks on one machine are not a busy machine to each
+other, while any other process still is. A rank that dies or hangs past `RANK_TIMEOUT_S`
 ends the others, and the task is recorded as crashed or timed out, like any variant's.
 """
 
@@ -41,12 +44,18 @@ LINK_MESSAGE_BYTES = {"cuda": 256 * 2**20, "cpu": 16 * 2**20}
 where NCCL's bus bandwidth levels off), 16 MB over gloo on a CPU."""
 
 
+LOCKSTEP = (f"each rank times the same repetitions (two warm-up calls, then {FIXED_REPS['cuda']} on a GPU, "
+            f"{FIXED_REPS['cpu']} on a CPU), every rank meeting the others at a barrier after its flush and before "
+            "each repetition, outside its time; each rank's median kept, the slowest rank's the point's")
+"""How a multi-device case's points are timed, as the result's protocol says it."""
+
+
 def lockstep(protocol: dict, device: str) -> dict:
     """A timing protocol every rank follows to the same number of calls: two warm-up calls, then exactly
-    `FIXED_REPS` repetitions (no confidence-interval or time-cap stop)."""
+    `FIXED_REPS` repetitions (no confidence-interval or time-cap stop), the ranks meeting before each."""
     reps = min(FIXED_REPS[device], protocol.get("max_reps", FIXED_REPS[device]))
     return {**protocol, "warmup_ms": 0.0, "min_reps": reps, "max_reps": reps, "target_ci": 0.0,
-            "time_cap_s": math.inf}
+            "time_cap_s": math.inf, "rank_barrier": True}
 
 
 _pool: dict = {}
@@ -67,9 +76,10 @@ def run_ranks(task, timeout_s: float | None = None) -> dict:
     procs, tmp = _ranks(n, task.device)
     outs = [tmp / f"task{_pool['tasks']}-rank{r}.msg" for r in range(n)]
     _pool["tasks"] += 1
+    run = [os.getpid(), *(p.pid for p in procs)]  # what each rank's timing counts as the run's own CPU
     try:
         for p, out in zip(procs, outs):
-            pickle.dump((task, str(out)), p.stdin)
+            pickle.dump((task, str(out), run), p.stdin)
             p.stdin.flush()
     except (BrokenPipeError, OSError):
         pass  # a rank already dead: _wait says which
@@ -162,7 +172,10 @@ def _free_port() -> int:
 
 def merge(task, payloads: list[dict]) -> dict:
     """One raw payload from every rank's (`casebook.judge` judges it as any child's): a rank that did not run
-    decides; else the slowest rank's, by its median time, with every rank's median beside it."""
+    decides; else the slowest rank's, by its median time (its reading of the machine), with every rank's
+    outputs (`rank_calls`, each checked), what any rank rebound or loaded, and every rank's repetitions and
+    reading beside it (`rank_times_us`, from which the parent takes each rank's
+    median and the slowest again, `judge.slowest_rank`; `rank_interference`, each judged by `stability`)."""
     for r, p in enumerate(payloads):
         if p.get("status") not in ("ran", "ok"):
             return {**p, "error": f"rank {r}: {p.get('error')}"}
@@ -171,9 +184,16 @@ def merge(task, payloads: list[dict]) -> dict:
     r = 0
     if all(m is not None for m in medians):
         r = max(range(len(payloads)), key=lambda i: medians[i])
-    out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r}
+    out = {**payloads[r], "ranks": len(payloads), "slowest_rank": r,
+           "rebound": sorted({name for p in payloads for name in p.get("rebound") or []}),
+           "loaded": sorted({name for p in payloads for name in p.get("loaded") or []})}
+    if task.kind == "point":  # every rank's outputs are checked, not the slowest's alone
+        out["rank_calls"] = [p.get("calls") or [] for p in payloads]
     if all(m is not None for m in medians):
         out["rank_median_us"] = medians
+        if task.kind == "point":
+            out["rank_times_us"] = [p[key] for p in payloads]
+            out["rank_interference"] = [p.get("interference") or {} for p in payloads]
     return out
 
 
@@ -210,10 +230,11 @@ def topology(device: str) -> dict:
         dist.all_reduce(buf)
         sync()
         times.append(time.perf_counter() - t0)
-    seconds = sorted(times)[len(times) // 2]
+    seconds = min(times)  # a ceiling, as `hardware.ceilings`: interference only ever slows a repetition
     return {"devices": n, "backend": dist.get_backend(), "link": link(device), "message_bytes": nbytes,
             "bus_gbps": 2 * (n - 1) / n * nbytes / seconds / 1e9,
-            "method": f"median of 10 all-reduces of {nbytes // 2**20} MB fp32; bus bytes 2(n-1)/n of the message"}
+            "method": f"the fastest of 10 all-reduces of {nbytes // 2**20} MB fp32; bus bytes 2(n-1)/n of the "
+                      "message"}
 
 
 def link(device: str) -> str:
@@ -240,6 +261,7 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from casebook.interference import count_as_own
     from casebook.measure import work
 
     if device == "cuda":
@@ -249,9 +271,10 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
                             rank=rank, world_size=world, timeout=dt.timedelta(seconds=RANK_TIMEOUT_S))
     while True:
         try:
-            task, out = pickle.load(sys.stdin.buffer)
+            task, out, run = pickle.load(sys.stdin.buffer)
         except EOFError:
             break
+        count_as_own(run)  # the sibling ranks and their launcher: this run, not a busy machine
         try:
             if task.kind == "topology":
                 payload = {"status": "ran", "topology": topology(device)}

@@ -68,8 +68,9 @@ def ceilings_problems(hardware: dict) -> list[str]:
     return out
 
 
-def point_problems(p: dict, measured: dict) -> list[str]:
-    """One stored point: its numbers finite, its times positive, placed again on the roofline."""
+def point_problems(p: dict, measured: dict, link_gbps: float | None = None) -> list[str]:
+    """One stored point: its numbers finite, its times positive, placed again on the roofline (its link
+    bytes on the result's measured link, `hardware.topology.bus_gbps`, where it has one)."""
     out = []
     for key in (*TIMES, *RATES, "max_rel_err", "cv"):
         if key in p and p[key] is not None and not _finite(p[key]):
@@ -82,6 +83,11 @@ def point_problems(p: dict, measured: dict) -> list[str]:
     if not p["p10_us"] <= p["median_us"] <= p["p90_us"]:
         return [f"{_label(p)}: p10 {p['p10_us']:g}, median {p['median_us']:g} and p90 {p['p90_us']:g} us are out "
                 "of order"]
+    ranks = p.get("rank_median_us")
+    if ranks is not None and (not ranks or not all(_finite(m) and m > 0 for m in ranks)
+                              or abs(max(ranks) / p["median_us"] - 1) > AGREE):
+        return [f"{_label(p)}: its median {p['median_us']:g} us is not the slowest of its ranks' medians "
+                f"({ranks})"]
     if not (_finite(p.get("flops")) and _finite(p.get("bytes")) and p["flops"] >= 0 and p["bytes"] >= 0):
         return [f"{_label(p)}: no traffic (FLOPs and bytes) to place it by"]
     matmul = measured.get("matmul_tflops") or {}
@@ -93,13 +99,22 @@ def point_problems(p: dict, measured: dict) -> list[str]:
     for key, roof in (("compute_roof_tflops", "compute_tflops"), ("bandwidth_roof_gbps", "bandwidth_gbps")):
         if _finite(p.get(key)) and abs(p[key] / roofs[roof] - 1) > AGREE:
             out.append(f"{_label(p)}: stored {key} {p[key]:g} is not the result's measured {roofs[roof]:g}")
+    link_bytes = p.get("link_bytes") or 0.0
+    stored_link = p.get("link_roof_gbps")
+    link_ok = _finite(link_gbps) and link_gbps > 0
+    if _finite(stored_link) and not (link_ok and abs(stored_link / link_gbps - 1) <= AGREE):
+        out.append(f"{_label(p)}: stored link_roof_gbps {p['link_roof_gbps']:g} is not the result's measured link "
+                   f"({link_gbps})")
+    if link_bytes and not (_finite(link_bytes) and 0 <= link_bytes <= p["bytes"]):
+        return [f"{_label(p)}: its link bytes are not part of its bytes"]
     launches = p.get("launches") or {"direct": 1, "graph": 0}
     try:
         n = launch_count({"direct": int(launches.get("direct", 1)), "graph": int(launches.get("graph", 0))}, roofs)
         spread = (p["median_us"] - p["p10_us"]) / p["median_us"]
-        gate = Roofs(roofs["compute_tflops"], roofs["bandwidth_gbps"], roofs["launch_us"])
+        gate = Roofs(roofs["compute_tflops"], roofs["bandwidth_gbps"], roofs["launch_us"],
+                     link_gbps=link_gbps if _finite(link_gbps) and link_gbps > 0 else None)
         placed = place(p["flops"], p["bytes"], n, p["median_us"], gate, spread=spread,
-                       host_us=p.get("host_issue_us") or 0.0)
+                       host_us=p.get("host_issue_us") or 0.0, link_bytes=link_bytes)
     except FasterThanPhysics as e:
         return [f"{_label(p)}: {e}"]
     except (TypeError, ValueError) as e:
@@ -113,7 +128,7 @@ def point_problems(p: dict, measured: dict) -> list[str]:
     # the roof fraction is the floor over the median.
     floor, kernels = p.get("floor_us"), int(launches.get("direct", 1)) + int(launches.get("graph", 0))
     if _finite(floor) and p.get("launches"):  # without its launches recorded, no bound from above
-        low = max(placed.compute_floor_us, placed.bandwidth_floor_us)
+        low = max(placed.compute_floor_us, placed.bandwidth_floor_us, placed.link_floor_us)
         high = max(low, max(kernels, 1) * roofs["launch_us"])
         if not low * (1 - AGREE) <= floor <= high * (1 + AGREE):
             out.append(f"{_label(p)}: stored floor {floor:.6g} us is outside what its traffic and launches allow "
@@ -203,8 +218,9 @@ def problems(path: Path, case=None) -> list[str]:
     out = ceilings_problems(hw)
     measured = hw.get("measured") or {}
     points = list(doc.get("kernel_level") or []) + list((doc.get("workload_level") or {}).get("points") or [])
+    link = (hw.get("topology") or {}).get("bus_gbps")
     for p in points:
-        out += point_problems(p, measured)
+        out += point_problems(p, measured, link)
     if case is not None and not out:
         out += claims_problems(case, doc)
     return out

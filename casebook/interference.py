@@ -61,6 +61,60 @@ def own_cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+_run_processes: tuple[int, ...] = ()
+"""Processes of this run besides this one, whose CPU time (and their descendants') a window counts as the
+run's own, not the others': a rank's sibling ranks and the process that launched them
+(`casebook.distributed`). Empty in a single-process run."""
+
+
+def count_as_own(pids) -> None:
+    """Count the CPU time of `pids` and their descendants as this run's own in every window from now on
+    (this process itself is counted already, and never twice)."""
+    global _run_processes
+    _run_processes = tuple(sorted({int(p) for p in pids} - {os.getpid()}))
+
+
+def _stat(pid: str) -> tuple[int, int] | None:
+    """(parent pid, CPU ticks: user + system of every thread, and of the ended children it waited for) from
+    /proc/<pid>/stat; None where the process is gone or unreadable."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the name, in parentheses, may hold spaces
+    try:
+        return int(fields[1]), sum(int(v) for v in fields[11:15])  # ppid; utime, stime, cutime, cstime
+    except (IndexError, ValueError):
+        return None
+
+
+def tree_cpu_s(roots) -> float:
+    """CPU seconds of the processes `roots` and of all their live descendants (every thread, and the ended
+    children each waited for), read from /proc; this process and its own descendants are left out (its
+    time is `own_cpu_s`'s). 0 for a root that is gone."""
+    me = os.getpid()
+    stats = {}
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:  # not Linux
+        return 0.0
+    for entry in entries:
+        if entry.name.isdigit() and (st := _stat(entry.name)) is not None:
+            stats[int(entry.name)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    ticks, seen, todo = 0, set(), [p for p in roots if p != me]
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        ticks += stats[pid][1]
+        todo += [c for c in children.get(pid, []) if c != me]
+    return ticks / CLOCK_TICKS
+
+
 def run_queue_wait_s() -> float | None:
     """Seconds this thread has waited, runnable, for a CPU (/proc/thread-self/schedstat, field 2)."""
     try:
@@ -83,33 +137,41 @@ class Window:
     def __init__(self) -> None:
         self.start = time.perf_counter()  # first, and last in `close`: the window holds its own readings
         self.load_start = load_average()
+        self.run = _run_processes
+        self.siblings = tree_cpu_s(self.run) if self.run else 0.0
         self.busy, self.own, self.wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
 
     def close(self) -> dict:
         """{window_s, other_cpu_s, cpus, run_queue_wait_s, load_average}: `other_cpu_s` is the CPU time every
-        CPU was busy over the window less this process's own (so: other processes', to within a tick per CPU)."""
+        CPU was busy over the window less this process's own (so: other processes', to within a tick per CPU).
+        In a run of several processes (`count_as_own`), less theirs as well, which is kept as `run_cpu_s`: a
+        rank's siblings are the same run, not a busy machine."""
+        siblings = tree_cpu_s(self.run) if self.run else 0.0  # read just before the busy time, as in __init__
         busy, own, wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
         window_s = time.perf_counter() - self.start
         out: dict = {"window_s": window_s, "load_average": load_average(), "load_average_start": self.load_start}
         if busy is not None and self.busy is not None:
-            out["other_cpu_s"] = max(0.0, (busy[0] - self.busy[0]) / CLOCK_TICKS - (own - self.own))
+            run = max(0.0, siblings - self.siblings)
+            out["other_cpu_s"] = max(0.0, (busy[0] - self.busy[0]) / CLOCK_TICKS - (own - self.own) - run)
             out["cpus"] = busy[1]
+            if self.run:
+                out["run_cpu_s"] = run
         if wait is not None and self.wait is not None:
             out["run_queue_wait_s"] = wait - self.wait
         return out
 
 
 def gpu_state() -> dict | None:
-    """The GPU's SM and memory clocks (MHz) and the compute processes on it other than this process and its
-    parent, through NVML (pynvml) where installed, else nvidia-smi; None where neither answers. In a
-    container the process list may be empty whatever runs (another PID namespace): an empty list then
-    says nothing either way."""
+    """The GPU's SM and memory clocks (MHz) and the compute processes on it other than this process, its
+    parent and the run's other processes (`count_as_own`), through NVML (pynvml) where installed, else
+    nvidia-smi; None where neither answers. In a container the process list may be empty whatever runs
+    (another PID namespace): an empty list then says nothing either way."""
     device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
     index = int(device) if device.isdigit() else 0
     state = _nvml_state(index) or _nvidia_smi_state(device)
     if state is None:
         return None
-    mine = run_family()
+    mine = run_family() | set(_run_processes)  # the run's workers, and a multi-device run's ranks
     return {**state, "other_processes": sorted(p for p in state["other_processes"] if p not in mine)}
 
 

@@ -118,24 +118,57 @@ def point(task, run: dict, oracle: dict | None) -> dict:
     if not isinstance(oracle, dict) or oracle.get("status") != "ok":
         why = (oracle or {}).get("error", "no answer")
         return {"status": "crashed", "error": f"the reference could not be computed: {why}"}
-    calls = run.get("calls") or []
-    if not calls:
+    ranks = run.get("rank_calls")  # a multi-device point: every rank's outputs, each against the reference
+    by_rank = [(f"rank {r}: ", c or []) for r, c in enumerate(ranks)] if isinstance(ranks, list) and ranks else [
+        ("", run.get("calls") or [])]
+    calls = [rec for _, c in by_rank for rec in c]
+    if not all(c for _, c in by_rank):
         return {"status": "crashed", "error": "the variant's process sent no outputs"}
     worst = worst_row = 0.0
-    for rec in calls:
-        try:
-            err, row = judge_call(rec, oracle["expected"].get(str(rec.get("seed"))), task.device, task.dtype,
-                                  task.tolerance)
-        except CheckFailed as e:
-            return {"status": "failed", "correct": False, "max_rel_err": worst, "error": f"{_where(rec)}: {e}"}
-        worst, worst_row = max(worst, err), max(worst_row, row)
+    for who, rank_calls in by_rank:
+        for rec in rank_calls:
+            try:
+                err, row = judge_call(rec, oracle["expected"].get(str(rec.get("seed"))), task.device, task.dtype,
+                                      task.tolerance)
+            except CheckFailed as e:
+                return {"status": "failed", "correct": False, "max_rel_err": worst,
+                        "error": f"{who}{_where(rec)}: {e}"}
+            worst, worst_row = max(worst, err), max(worst_row, row)
     out.update(correct=True, max_rel_err=worst, max_row_err=worst_row, checked_calls=len(calls),
                first_call_s=run.get("first_call_s"))
     if not task.timed:
         return {**out, "status": "checked"}
+    if "rank_times_us" in run:
+        if why := ranks_problem(run["rank_times_us"]):
+            return {**out, "status": "failed", "error": f"timing: {why}"}
+        run = slowest_rank(run)
     if why := times_problem(run.get("times_us")):
         return {**out, "status": "failed", "error": f"timing: {why}"}
     return {**out, **place_point(task, run, oracle.get("traffic") or {})}
+
+
+def ranks_problem(ranks) -> str | None:
+    """Why a multi-device point's per-rank repetitions are not a measurement (None: they are one)."""
+    if not isinstance(ranks, list) or not ranks:
+        return "no rank's repetitions"
+    for r, times in enumerate(ranks):
+        if why := times_problem(times):
+            return f"rank {r}: {why}"
+    return None
+
+
+def slowest_rank(run: dict) -> dict:
+    """A multi-device point's payload with the slowest rank's repetitions as its times: each rank's median
+    taken again here from its own repetitions (`rank_times_us`), every one kept (`rank_median_us`). A
+    collective is as fast as its slowest rank."""
+    medians = [summarize(t).median_us for t in run["rank_times_us"]]
+    r = max(range(len(medians)), key=medians.__getitem__)
+    out = {**run, "times_us": run["rank_times_us"][r], "ranks": len(medians), "slowest_rank": r,
+           "rank_median_us": medians}
+    readings = run.get("rank_interference")
+    if isinstance(readings, list) and len(readings) == len(medians):
+        out["interference"] = readings[r]
+    return out
 
 
 def place_point(task, run: dict, traffic: dict) -> dict:
@@ -146,6 +179,10 @@ def place_point(task, run: dict, traffic: dict) -> dict:
            "p90_us": s.p90_us, "cv": s.cv, "repetitions": s.repetitions, "timer": run.get("timer"),
            "flops": traffic.get("flops"), "bytes": traffic.get("bytes"), "traffic_terms": traffic.get("terms"),
            "launches": launches, "threads": run.get("threads"), "interference": run.get("interference") or {}}
+    if run.get("rank_median_us"):
+        out.update({k: run[k] for k in ("ranks", "slowest_rank", "rank_median_us")})
+        if isinstance(run.get("rank_interference"), list):
+            out["rank_interference"] = run["rank_interference"]
     if run.get("autotuned"):
         out["autotuned"] = run["autotuned"]
     if (run.get("input_sets") or 1) > 2:
@@ -154,11 +191,12 @@ def place_point(task, run: dict, traffic: dict) -> dict:
     if not isinstance(flops, (int, float)) or not isinstance(nbytes, (int, float)):
         return {**out, "status": "failed", "error": "the traffic model gave no FLOPs and bytes"}
     roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
-                  launch_us=task.roofs["launch_us"])
+                  launch_us=task.roofs["launch_us"], link_gbps=task.roofs.get("link_gbps"))
     host_us = run.get("host_us") or 0.0
+    link_bytes = traffic.get("link_bytes") or 0.0
     try:
         p = place(flops, nbytes, launch_count(launches, task.roofs), s.median_us, roofs,
-                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us)
+                  spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us, link_bytes=link_bytes)
     except FasterThanPhysics as e:
         if task.roofs.get("busy"):  # the ceiling, not the kernel, is the suspect: not placed, not published
             return {**out, "status": "ok", "unstable": [f"under the floor of ceilings measured on a busy machine "
@@ -169,7 +207,16 @@ def place_point(task, run: dict, traffic: dict) -> dict:
             "bandwidth_floor_us": p.bandwidth_floor_us, "launch_floor_us": p.launch_floor_us,
             "host_issue_us": host_us, "roof_fraction": p.roof_fraction, "regime": p.regime,
             "attainable_tflops": p.attainable_tflops, "compute_roof_tflops": roofs.compute_tflops,
-            "bandwidth_roof_gbps": roofs.bandwidth_gbps}
+            "bandwidth_roof_gbps": roofs.bandwidth_gbps, **_on_link(link_bytes, s.median_us, roofs, p)}
+
+
+def _on_link(link_bytes: float, median_us: float, roofs: Roofs, p) -> dict:
+    """A multi-device point's place against the link: its bus bytes, the bus bandwidth they reached, the
+    link's floor and roof (nothing for one device)."""
+    if not (link_bytes and roofs.link_gbps):
+        return {}
+    return {"link_bytes": link_bytes, "bus_gbps": link_bytes / median_us / 1e3, "link_floor_us": p.link_floor_us,
+            "link_roof_gbps": roofs.link_gbps}
 
 
 def pair(run: dict) -> dict:

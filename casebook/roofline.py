@@ -1,5 +1,8 @@
 """The roofline with three roofs: time >= max(FLOPs / peak, bytes / bandwidth, launches x launch cost).
 
+A multi-device case has a fourth: the bytes its traffic model sends over the link between devices (a
+collective's bus bytes) over the link's measured bus bandwidth; its other bytes stay on memory's roof.
+
 A point is launch-bound where its launch floor is the highest, or where the host needs longer to issue
 the call than any floor allows the GPU (a Python loop of small kernels). Pure arithmetic on measured
 ceilings; nothing here touches a device.
@@ -28,6 +31,8 @@ class Roofs:
     compute_tflops: float
     bandwidth_gbps: float
     launch_us: float
+    link_gbps: float | None = None
+    """The interconnect's measured bus bandwidth (multi-device cases); None: one device, no link."""
 
     @property
     def ridge_point(self) -> float:
@@ -43,6 +48,7 @@ class Placement:
     compute_floor_us: float
     bandwidth_floor_us: float
     launch_floor_us: float
+    link_floor_us: float
     floor_us: float
     attainable_tflops: float
     roof_fraction: float
@@ -54,13 +60,19 @@ class Placement:
         return asdict(self)
 
 
-def floors_us(flops: float, bytes_moved: float, launches: float, roofs: Roofs) -> dict[str, float]:
-    """The three lower bounds on time, in microseconds."""
-    return {
+def floors_us(flops: float, bytes_moved: float, launches: float, roofs: Roofs,
+              link_bytes: float = 0.0) -> dict[str, float]:
+    """The lower bounds on time, in microseconds: `link_bytes` of `bytes_moved` over the link's roof (where
+    the roofs have one; without, they stay on memory's), the rest over memory's."""
+    on_link = link_bytes if roofs.link_gbps else 0.0
+    out = {
         "compute": flops / (roofs.compute_tflops * 1e12) * 1e6,
-        "bandwidth": bytes_moved / (roofs.bandwidth_gbps * 1e9) * 1e6,
+        "bandwidth": (bytes_moved - on_link) / (roofs.bandwidth_gbps * 1e9) * 1e6,
         "launch": launches * roofs.launch_us,
     }
+    if on_link:
+        out["link"] = on_link / (roofs.link_gbps * 1e9) * 1e6
+    return out
 
 
 def host_bound(host_us: float | None, floor_us: float | None) -> bool:
@@ -70,7 +82,7 @@ def host_bound(host_us: float | None, floor_us: float | None) -> bool:
 
 
 def place(flops: float, bytes_moved: float, launches: float, median_us: float, roofs: Roofs,
-          spread: float = 0.0, host_us: float = 0.0) -> Placement:
+          spread: float = 0.0, host_us: float = 0.0, link_bytes: float = 0.0) -> Placement:
     """Place a measured median on the roofline; refuse a time that beats physics.
 
     Args:
@@ -78,17 +90,20 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
         host_us: the host's time to issue the call. Where it exceeds every floor the point is
             launch-bound (the host cannot issue the kernels as fast as the GPU runs them). It is not a
             floor: another launcher could issue faster, so it neither gates nor sets the roof fraction.
+        link_bytes: the part of `bytes_moved` that crosses the link (`roofs.link_gbps`); a point bound by
+            the link is in the bandwidth regime (the link's bandwidth), its `link_floor_us` the highest.
     """
     if median_us <= 0:
         raise ValueError(f"median must be positive, got {median_us}")
-    f = floors_us(flops, bytes_moved, launches, roofs)
+    f = floors_us(flops, bytes_moved, launches, roofs, link_bytes)
     floor_regime = max(f, key=f.get)
     floor = f[floor_regime]
-    regime = "launch" if host_bound(host_us, floor) else floor_regime
+    regime = "launch" if host_bound(host_us, floor) else floor_regime.replace("link", "bandwidth")
     if median_us < floor * (1 - PHYSICS_MARGIN - min(spread, MAX_SPREAD)):
         raise FasterThanPhysics(
             f"faster than physics: {median_us:.2f} us is under the {floor_regime} floor of {floor:.2f} us "
-            f"({flops:.3g} FLOP, {bytes_moved:.3g} B, {launches:g} launches): "
+            f"({flops:.3g} FLOP, {bytes_moved:.3g} B, {launches:g} launches"
+            + (f", {link_bytes:.3g} B of them over the link" if "link" in f else "") + "): "
             "the byte or FLOP model, or the timing, is wrong (or the machine's ceiling was measured low: "
             "`casebook hardware --remeasure`)"
         )
@@ -97,6 +112,7 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
         compute_floor_us=f["compute"],
         bandwidth_floor_us=f["bandwidth"],
         launch_floor_us=f["launch"],
+        link_floor_us=f.get("link", 0.0),
         floor_us=floor,
         attainable_tflops=flops / floor / 1e6 if floor else 0.0,
         roof_fraction=floor / median_us,

@@ -44,14 +44,19 @@ def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
     return None
 
 
-def _roofs(ceilings: dict, dtype: str) -> dict:
-    return {"compute_tflops": ceilings["matmul_tflops"].get(dtype, ceilings["matmul_tflops"]["fp32"]),
-            "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
-            "graph_launch_us": ceilings["graph_launch_us"], "busy": bool(ceilings.get("unstable"))}
+def _roofs(ceilings: dict, dtype: str, link_gbps: float | None = None) -> dict:
+    roofs = {"compute_tflops": ceilings["matmul_tflops"].get(dtype, ceilings["matmul_tflops"]["fp32"]),
+             "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
+             "graph_launch_us": ceilings["graph_launch_us"], "busy": bool(ceilings.get("unstable"))}
+    if link_gbps:
+        roofs["link_gbps"] = link_gbps
+    return roofs
 
 
-def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None) -> dict:
-    """Tasks per variant (one child process each), levels 1 and 2 then level 3."""
+def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None,
+         link_gbps: float | None = None) -> dict:
+    """Tasks per variant (one child process each), levels 1 and 2 then level 3. `link_gbps`: a multi-device
+    case's measured interconnect ceiling, the roof of its traffic model's link bytes."""
     k, lv = case.kernel, case.levels
     kernel_shapes = lv.kernel.shapes if on_gpu else lv.kernel.cpu_shapes
     workload = lv.workload.shapes if on_gpu else lv.workload.cpu_shapes
@@ -70,10 +75,10 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
                       tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic,
                       devices=k.devices)
         tasks = [Task(kind="point", shape=s, dtype=d, level="kernel", seed=SEED + i,
-                      roofs=_roofs(ceilings, d), **common)
+                      roofs=_roofs(ceilings, d, link_gbps), **common)
                  for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]
         tasks += [Task(kind="point", shape=w.shape, dtype=lv.workload.dtype, level="workload", seed=SEED + 1000 + i,
-                       roofs=_roofs(ceilings, lv.workload.dtype), **common) for i, w in enumerate(workload)]
+                       roofs=_roofs(ceilings, lv.workload.dtype, link_gbps), **common) for i, w in enumerate(workload)]
         if timed and v.name in (lv.end_to_end.baseline, lv.end_to_end.variant):
             tasks.append(Task(kind="end_to_end", shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
                               seed=SEED + 2000, scenario=lv.end_to_end.scenario,
@@ -117,15 +122,16 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
                       cpu_threads=interference.cpu_threads())
     protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
-    groups = plan(case, on_gpu, protocol, run["ceilings"], only)
+    if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
+        from casebook.distributed import measure_topology
+
+        progress("topology", {"devices": case.kernel.devices})
+        ident["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
+    groups = plan(case, on_gpu, protocol, run["ceilings"], only, (ident.get("topology") or {}).get("bus_gbps"))
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
 
     with Worker(oracle_work, variant_env(interpreted=False, devices=case.kernel.devices)) as run["oracle"]:
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)  # one oracle: it runs no variant
-    if case.kernel.devices > 1:  # the devices and their link, measured on ranks of their own
-        from casebook.distributed import measure_topology
-
-        run["ident"]["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
     run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
     return assemble(run, protocol, groups, outcomes, complete=True)
 
@@ -190,7 +196,8 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, on_done: Callable
                 answers = None
                 if raw.get("status") == "ran":
                     wanted = reference_seeds(task)
-                    seeds = sorted({r.get("seed") for r in raw.get("calls") or [] if isinstance(r, dict)} & wanted)
+                    recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
+                    seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict)} & wanted)
                     answers = ref.request(OracleTask(module=task.module, shape=task.shape, dtype=task.dtype,
                                                      device=task.device, seeds=tuple(seeds), reference=task.reference,
                                                      inputs=task.inputs, traffic=task.traffic if task.timed else ""),
@@ -310,6 +317,10 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                                    "returned, 1 call after timing on new values in the same tensors; float64 "
                                    "reference; normwise and per-row relative error; NaN/Inf fail; the allocator "
                                    "poisoned before every call alike; inputs checked unmodified"}
+    if case.kernel.devices > 1:
+        from casebook.distributed import LOCKSTEP
+
+        protocol_doc.update(rank_barrier=True, ranks=LOCKSTEP)
     if on_gpu:
         from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, L2_FLUSH_METHOD, PIPELINED_CALLS, l2_flush_bytes
 

@@ -481,7 +481,8 @@ class Point(Open):
     arithmetic_intensity: float | None = Field(default=None, description="FLOPs per byte, from the traffic model.")
     floor_us: float | None = Field(default=None, description="The roofline floor: least time the roofs allow, "
                                                              "microseconds.")
-    bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds.")
+    bandwidth_floor_us: float | None = Field(default=None, description="Bytes over the bandwidth roof, microseconds "
+                                                                       "(less link_bytes, where there is a link).")
     launch_floor_us: float | None = Field(
         default=None, description="Every kernel at its cost inside a CUDA graph, microseconds.")
     roof_fraction: float | None = Field(default=None, description="floor_us over median_us: the fraction of the roof "
@@ -497,10 +498,22 @@ class Point(Open):
         default=None, description="Configuration each Triton autotuner ran in the timed calls, by module.kernel.")
     speedup: float | None = Field(default=None, description="Baseline median over this median.")
     threads: int | None = Field(default=None, description="Threads torch's CPU path ran with (set explicitly).")
+    ranks: int | None = Field(default=None, description="Multi-device cases: the ranks (one process a device) that "
+                                                        "timed the point together; absent: one device.")
+    rank_median_us: list[float] | None = Field(
+        default=None, description="Multi-device cases: each rank's median time per call, microseconds, in rank "
+                                  "order; the point's median_us (and its p10, p90) are the slowest rank's.")
+    rank_interference: list[dict[str, Any]] | None = Field(
+        default=None, description="Multi-device cases: each rank's reading of the machine over its timing (as "
+                                  "`interference`, in rank order); the point is unstable where any rank's is over "
+                                  "the bounds.")
+    slowest_rank: int | None = Field(default=None, description="Multi-device cases: the rank whose times are the "
+                                                               "point's (the largest of rank_median_us).")
     interference: dict[str, Any] | None = Field(
         default=None, description="What else the machine did over the repetitions: window_s, other_cpu_s (other "
-                                 "processes' CPU seconds), cpus, run_queue_wait_s, load_average; on a GPU, its clocks "
-                                 "and other processes (`casebook.interference`).")
+                                 "processes' CPU seconds), cpus, run_queue_wait_s, load_average; in a multi-device "
+                                 "run, run_cpu_s (the sibling ranks' and their launcher's CPU seconds, left out of "
+                                 "other_cpu_s); on a GPU, its clocks and other processes (`casebook.interference`).")
     unstable: list[str] | None = Field(
         default=None, description="Why the point is unstable (spread or interference over the bounds in "
                                  "`casebook.stability`); absent: stable. `casebook check` does not publish it.")
@@ -522,6 +535,17 @@ class Point(Open):
                                                                         "(the measured matmul ceiling of its dtype).")
     bandwidth_roof_gbps: float | None = Field(default=None, description="The bandwidth roof it was placed under, GB/s "
                                                                         "(the measured copy ceiling).")
+    link_bytes: float | None = Field(
+        default=None, description="Multi-device cases: the part of `bytes` that crosses the link between devices (a "
+                                  "collective's bus bytes, 2(n-1)/n of an all-reduce's message, NCCL's convention).")
+    bus_gbps: float | None = Field(default=None, description="Multi-device cases: link_bytes over the median time, "
+                                                             "GB/s (NCCL's bus bandwidth).")
+    link_floor_us: float | None = Field(
+        default=None, description="Multi-device cases: link_bytes over the link roof, microseconds; the other bytes "
+                                  "are on the bandwidth (memory) roof.")
+    link_roof_gbps: float | None = Field(
+        default=None, description="Multi-device cases: the link roof it was placed under, GB/s (the hardware's "
+                                  "measured interconnect ceiling, `hardware.topology.bus_gbps`).")
     weight: float | None = Field(default=None, description="Level 2: the shape's weight in the distribution.")
     source: str | None = Field(default=None, description="Level 2: where the shape and its weight come from.")
 

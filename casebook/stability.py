@@ -41,6 +41,15 @@ def other_cores(reading: dict) -> float | None:
     return max(0.0, other - TICK_ALLOWANCE_S * reading.get("cpus", 1)) / window
 
 
+def readings(point: dict) -> list[tuple[str, dict]]:
+    """The readings a point is judged by, each with how a reason names it: a multi-device point's every
+    rank's (`rank_interference`: a busy CPU slows the collective whichever rank it is beside), else its own."""
+    ranks = point.get("rank_interference")
+    if ranks:
+        return [(f"rank {r}: ", reading or {}) for r, reading in enumerate(ranks)]
+    return [("", point.get("interference") or {})]
+
+
 def reasons(point: dict, device: str) -> list[str]:
     """Why a timed point is unstable (empty: stable, or nothing to judge)."""
     out = []
@@ -48,17 +57,17 @@ def reasons(point: dict, device: str) -> list[str]:
     limit = SPREAD_RATIO_MAX.get(device, SPREAD_RATIO_MAX["cpu"])
     if p10 and p90 and p90 / p10 > limit:
         out.append(f"spread p90/p10 {p90 / p10:.2f} over {limit:g} ({p10:.1f}-{p90:.1f} us)")
-    reading = point.get("interference") or {}
-    cores = other_cores(reading)
-    if cores is not None and cores > OTHER_CPU_MAX_CORES:
-        out.append(f"other processes used {cores:.2f} cores over the {reading['window_s']:.2f} s timing "
-                   f"(at most {OTHER_CPU_MAX_CORES:g})")
-    wait, window = reading.get("run_queue_wait_s"), reading.get("window_s")
-    if wait is not None and window and wait / window > RUN_QUEUE_WAIT_MAX:
-        out.append(f"waited for a CPU {wait / window:.0%} of the timing (at most {RUN_QUEUE_WAIT_MAX:.0%})")
-    gpu = reading.get("gpu") or {}
-    if gpu.get("other_processes"):
-        out.append(f"other processes on the GPU: pid {', '.join(map(str, gpu['other_processes']))}")
+    for who, reading in readings(point):
+        cores = other_cores(reading)
+        if cores is not None and cores > OTHER_CPU_MAX_CORES:
+            out.append(f"{who}other processes used {cores:.2f} cores over the {reading['window_s']:.2f} s timing "
+                       f"(at most {OTHER_CPU_MAX_CORES:g})")
+        wait, window = reading.get("run_queue_wait_s"), reading.get("window_s")
+        if wait is not None and window and wait / window > RUN_QUEUE_WAIT_MAX:
+            out.append(f"{who}waited for a CPU {wait / window:.0%} of the timing (at most {RUN_QUEUE_WAIT_MAX:.0%})")
+        gpu = reading.get("gpu") or {}
+        if gpu.get("other_processes"):
+            out.append(f"{who}other processes on the GPU: pid {', '.join(map(str, gpu['other_processes']))}")
     return out
 
 
@@ -66,8 +75,9 @@ def summary(points: list[dict]) -> dict:
     """How many timed points were judged, how many are unstable, and the busiest reading of the run."""
     timed = [p for p in points if p.get("median_us") is not None]
     unstable = [p for p in timed if p.get("unstable")]
-    cores = [c for c in (other_cores(p.get("interference") or {}) for p in timed) if c is not None]
-    waits = [r["run_queue_wait_s"] / r["window_s"] for r in (p.get("interference") or {} for p in timed)
+    every = [r for p in timed for _, r in readings(p)]
+    cores = [c for c in (other_cores(r) for r in every) if c is not None]
+    waits = [r["run_queue_wait_s"] / r["window_s"] for r in every
              if r.get("run_queue_wait_s") is not None and r.get("window_s")]
     return {"points": len(timed), "unstable": len(unstable),
             "other_cores_max": max(cores, default=None), "run_queue_wait_max": max(waits, default=None),

@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Term:
-    """One line of the model: what it is, the bytes it moves through device memory, the FLOPs it does."""
+    """One line of the model: what it is, the bytes it moves through device memory, the FLOPs it does.
+    `link`: its bytes cross the interconnect between devices instead (a collective's bus bytes), and are
+    held to the link's measured ceiling, not memory's."""
 
     name: str
     bytes: float = 0.0
     flops: float = 0.0
+    link: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,18 @@ class Traffic:
     def flops(self) -> float:
         return sum(t.flops for t in self.terms)
 
+    @property
+    def link_bytes(self) -> float:
+        """The part of `bytes` that crosses the link between devices."""
+        return sum(t.bytes for t in self.terms if t.link)
+
     def as_dict(self) -> dict:
-        return {"bytes": self.bytes, "flops": self.flops,
-                "terms": [{"name": t.name, "bytes": t.bytes, "flops": t.flops} for t in self.terms]}
+        out = {"bytes": self.bytes, "flops": self.flops,
+               "terms": [{"name": t.name, "bytes": t.bytes, "flops": t.flops, **({"link": True} if t.link else {})}
+                         for t in self.terms]}
+        if any(t.link for t in self.terms):
+            out["link_bytes"] = self.link_bytes
+        return out
 
 
 INTENSITY_TOLERANCE = 0.10

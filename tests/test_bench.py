@@ -29,7 +29,7 @@ def fake_gpu(monkeypatch):
     """The GPU path on a CPU: no-op syncs, a sampler that records the delay it was given."""
     seen = {}
 
-    def sampler(flush, slack, prepare=None):
+    def sampler(flush, slack, prepare=None, align=None):
         seen["slack"] = slack
 
         def sample(n, observe):
@@ -93,3 +93,27 @@ def test_a_graph_captures_a_call_for_every_input_set(monkeypatch):
     assert seen["calls"] == bench.GRAPH_CALLS
     time_fn(lambda: None, "cuda", graph, input_sets=100)
     assert seen["calls"] == 100
+
+
+def test_ranks_meet_before_each_timed_repetition_outside_its_time(monkeypatch):
+    """A multi-device case's ranks wait for each other after the flush (`Protocol.rank_barrier`): a sibling's
+    lateness (here 5 ms a meeting) is not in the time of the call."""
+    events = []
+
+    def barrier(device):
+        def align():
+            events.append("meet")
+            time.sleep(0.005)
+        return align
+
+    monkeypatch.setattr(bench, "_rank_barrier", barrier)
+    monkeypatch.setattr(bench, "_cpu_flush", lambda: events.append("flush"))
+    proto = Protocol(cache="cold", warmup_ms=0.0, min_reps=8, max_reps=8, target_ci=0.0, rank_barrier=True)
+    t = time_fn(lambda: events.append("call"), "cpu", proto)
+    assert len(t.times) == 8 and max(t.times) < 1000.0, t.times  # microseconds: no 5 ms meeting inside
+    timed = events[events.index("flush"):]
+    assert timed == ["flush", "meet", "call"] * 8
+    assert "meet" not in events[:events.index("flush")], "warm-up calls meet nobody"
+    events.clear()
+    time_fn(lambda: events.append("call"), "cpu", replace(proto, rank_barrier=False))
+    assert "meet" not in events  # one device: as before

@@ -4,6 +4,9 @@ a hanging or dying rank contained."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,13 +32,52 @@ def task(fn: str, kind: str = "point", **kw) -> Task:
 def test_lockstep_fixes_the_number_of_calls():
     p = lockstep(FAST, "cpu")
     assert p["min_reps"] == p["max_reps"] == 20 and p["warmup_ms"] == 0 and p["target_ci"] == 0
-    assert math.isinf(p["time_cap_s"])
+    assert math.isinf(p["time_cap_s"]) and p["rank_barrier"]
 
 
 def test_merge_reports_the_slowest_rank_and_every_rank():
     ranks = [{"status": "ran", "times_us": [9.0, 10.0, 11.0]}, {"status": "ran", "times_us": [12.0, 12.0, 30.0]}]
     out = merge(task("honest"), ranks)
     assert out["times_us"] == [12.0, 12.0, 30.0] and out["slowest_rank"] == 1 and out["rank_median_us"] == [10.0, 12.0]
+
+
+def test_merge_sends_every_ranks_repetitions_and_reading():
+    ranks = [{"status": "ran", "times_us": [9.0, 10.0], "interference": {"window_s": 1.0, "other_cpu_s": 0.0}},
+             {"status": "ran", "times_us": [12.0, 13.0], "interference": {"window_s": 1.0, "other_cpu_s": 0.9}}]
+    out = merge(task("honest"), ranks)
+    assert out["rank_times_us"] == [[9.0, 10.0], [12.0, 13.0]]
+    assert [r["other_cpu_s"] for r in out["rank_interference"]] == [0.0, 0.9]
+
+
+def test_the_parent_takes_the_slowest_rank_again_from_the_repetitions():
+    from casebook.judge import ranks_problem, slowest_rank
+
+    run = {"times_us": [1.0], "slowest_rank": 0, "rank_median_us": [1.0, 1.0],  # what a child may claim
+           "rank_times_us": [[9.0, 10.0, 11.0], [20.0, 30.0, 40.0]], "rank_interference": [{"a": 0}, {"a": 1}]}
+    out = slowest_rank(run)
+    assert out["times_us"] == [20.0, 30.0, 40.0] and out["slowest_rank"] == 1 and out["ranks"] == 2
+    assert out["rank_median_us"] == [10.0, 30.0] and out["interference"] == {"a": 1}
+    assert ranks_problem([[1.0], [-1.0]]) == "rank 1: a repetition's time is not a finite positive number"
+    assert ranks_problem([]) == "no rank's repetitions"
+
+
+def test_a_stored_median_that_is_not_the_slowest_ranks_is_refused():
+    from casebook.evidence import point_problems
+
+    p = {"variant": "v", "shape": {"n": 1}, "dtype": "fp32", "status": "ok", "median_us": 10.0, "p10_us": 9.0,
+         "p90_us": 11.0, "flops": 1.0, "bytes": 1.0, "rank_median_us": [10.0, 14.0]}
+    measured = {"copy_gbps": 10.0, "matmul_tflops": {"fp32": 1.0}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+    assert "is not the slowest of its ranks' medians" in point_problems(p, measured)[0]
+    assert point_problems({**p, "rank_median_us": [10.0, 7.0]}, measured) == []
+
+
+def test_every_ranks_reading_is_judged():
+    from casebook.stability import reasons
+
+    quiet, busy = {"window_s": 1.0, "other_cpu_s": 0.0, "cpus": 2}, {"window_s": 1.0, "other_cpu_s": 0.9, "cpus": 2}
+    point = {"interference": quiet, "rank_interference": [quiet, busy]}
+    assert reasons(point, "cpu") == ["rank 1: other processes used 0.88 cores over the 1.00 s timing (at most 0.5)"]
+    assert reasons({**point, "rank_interference": [quiet, quiet]}, "cpu") == []
 
 
 def test_merge_lets_a_failing_rank_decide():
@@ -49,12 +91,22 @@ def _run(tasks, rank_timeout_s: str = "60"):
     return run_isolated(work, tasks, timeout_s=240, env=env)
 
 
+def _ranked_here(monkeypatch) -> None:
+    """The fixture kernel importable in this process too (the reference's side, `_judged`), which makes both
+    ranks' inputs."""
+    import casebook.kernels
+
+    monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(FIXTURES))
+    monkeypatch.setenv("CASEBOOK_DEVICES", "2")
+    monkeypatch.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(FIXTURES)])
+
+
 def _judged(t: Task, raw: dict) -> dict:
     from casebook import judge
     from casebook.oracle import OracleTask
     from casebook.oracle import work as oracle_work
 
-    seeds = sorted({c["seed"] for c in raw["calls"]})
+    seeds = sorted({c["seed"] for calls in raw["rank_calls"] for c in calls})
     answers = oracle_work(OracleTask(module="ranked", shape=t.shape, dtype=t.dtype, device="cpu", seeds=tuple(seeds),
                                      inputs="make_inputs", traffic="traffic"))
     return judge.point(t, raw, answers)
@@ -62,11 +114,7 @@ def _judged(t: Task, raw: dict) -> dict:
 
 @pytest.mark.slow
 def test_two_ranks_over_gloo_run_alike_and_the_slowest_is_judged(monkeypatch):
-    monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(FIXTURES))
-    monkeypatch.setenv("CASEBOOK_DEVICES", "2")  # the reference's side makes both ranks' inputs
-    import casebook.kernels
-
-    casebook.kernels.__path__.append(str(FIXTURES))
+    _ranked_here(monkeypatch)
     t = task("honest")
     (raw,) = _run([t])
     assert raw["status"] == "ran", raw
@@ -74,6 +122,51 @@ def test_two_ranks_over_gloo_run_alike_and_the_slowest_is_judged(monkeypatch):
     assert len(raw["times_us"]) == 20  # every rank called the collective alike
     point = _judged(t, raw)
     assert point["status"] == "ok" and point["correct"], point
+    assert point["ranks"] == 2 and point["median_us"] == max(point["rank_median_us"])  # the slowest rank's
+    assert point["rank_median_us"][point["slowest_rank"]] == point["median_us"]
+    assert len(point["rank_interference"]) == 2
+
+
+@pytest.mark.slow
+def test_every_ranks_outputs_are_checked_not_the_slowest_alone(monkeypatch):
+    _ranked_here(monkeypatch)
+    t = task("wrong_on_rank1")
+    (raw,) = _run([t])
+    assert raw["status"] == "ran" and raw["slowest_rank"] == 0, raw.get("rank_median_us")  # the right one
+    point = _judged(t, raw)
+    assert point["status"] == "failed" and point["error"].startswith("rank 1: seed"), point
+
+
+@pytest.mark.slow
+def test_a_sibling_ranks_cpu_is_the_runs_not_a_busy_machine(monkeypatch):
+    """Rank 1 computes while rank 0 waits in the collective: rank 0's reading sees rank 1's CPU and counts it
+    as the run's own (the ranks are told the run's process ids)."""
+    monkeypatch.setenv("CASEBOOK_DEVICES", "2")
+    t = task("busy_on_rank1")
+    (raw,) = _run([t])
+    assert raw["status"] == "ran", raw
+    rank0 = raw["rank_interference"][0]
+    assert rank0["run_cpu_s"] / rank0["window_s"] > 0.3, rank0  # the sibling's 20 ms a call, seen as the run's
+    # (that what is counted as the run's is left out of other_cpu_s: tests/test_interference.py)
+
+
+@pytest.mark.slow
+def test_a_foreign_burner_beside_two_ranks_is_a_busy_machine(monkeypatch):
+    from casebook.stability import reasons
+
+    _ranked_here(monkeypatch)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+               for _ in range(2 * len(os.sched_getaffinity(0)))]  # two a CPU the ranks may use: most of it theirs
+    try:
+        t = task("honest", shape={"n": 1_000_000})  # 4 MB a rank: a window of tenths of a second, judged
+        (raw,) = _run([t])
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert raw["status"] == "ran", raw
+    point = _judged(t, raw)
+    assert any("other processes used" in r for r in reasons(point, "cpu")), point.get("rank_interference")
 
 
 @pytest.mark.slow
@@ -123,3 +216,58 @@ def test_kernel_devices_and_topology_devices_agree(tmp_path):
     bad.write_text(text.replace("topology:\n  devices: 2", "topology:\n  devices: 4"))
     with pytest.raises(Exception, match="topology.devices says the kernel spans 4"):
         load_case(bad)
+
+
+def test_the_traffic_model_names_its_link_bytes(monkeypatch):
+    import torch
+
+    from casebook.kernels.allreduce_norm import traffic
+
+    monkeypatch.setenv("CASEBOOK_DEVICES", "2")  # outside a process group, the case's ranks
+    t = traffic({"tokens": 4, "hidden": 1024}, torch.bfloat16).as_dict()
+    message = 4 * 1024 * 2
+    assert t["link_bytes"] == pytest.approx(message)  # 2(n-1)/n of the message at n = 2
+    assert [term["name"] for term in t["terms"] if term.get("link")] == [
+        "all-reduce bus bytes, 2(n-1)/n of the message (over the link)"]
+
+
+def test_a_ranked_point_is_placed_against_the_link_and_placed_again_on_load():
+    from casebook import judge
+    from casebook.evidence import point_problems
+
+    roofs = {**ROOFS, "bandwidth_gbps": 1e6, "link_gbps": 1.0}  # memory far faster than the link
+    t = task("honest", roofs=roofs)
+    traffic = {"flops": 1e3, "bytes": 4e3 + 1e3, "link_bytes": 1e3, "terms": []}
+    run = {"times_us": [2.0, 2.0, 2.0], "rank_times_us": [[2.0, 2.0, 2.0], [1.5, 1.5, 1.5]]}
+    p = judge.place_point(t, judge.slowest_rank(run), traffic)
+    assert p["status"] == "ok" and p["link_floor_us"] == pytest.approx(1.0) == p["floor_us"]
+    assert p["link_roof_gbps"] == 1.0 and p["bus_gbps"] == pytest.approx(0.5) and p["roof_fraction"] == 0.5
+    stored = {"variant": "honest", "shape": t.shape, "dtype": "fp32", **p}
+    measured = {"copy_gbps": 1e6, "matmul_tflops": {"fp32": 1000.0}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+    assert point_problems(stored, measured, link_gbps=1.0) == []
+    assert "link_roof_gbps 1 is not the result's measured link" in point_problems(stored, measured, 2.0)[0]
+    fast = {**stored, "median_us": 0.5, "p10_us": 0.5, "p90_us": 0.5, "rank_median_us": [0.5, 0.4]}
+    assert "faster than physics" in point_problems(fast, measured, link_gbps=1.0)[0]
+
+
+def test_the_roofline_of_a_multi_device_result_is_drawn_against_the_link():
+    from types import SimpleNamespace
+
+    from casebook.render import figures, plots
+    from casebook.schema import Point
+
+    point = Point(variant="allreduce_separate", shape={"tokens": 4, "hidden": 1024}, dtype="bf16", status="ok",
+                  flops=8e4, bytes=1.3e5, link_bytes=8e3, arithmetic_intensity=8e4 / 1.3e5, tflops=1e-5,
+                  attainable_tflops=1e-4, roof_fraction=0.1)
+    hw = {"measured": {"copy_gbps": 17.0, "matmul_tflops": {"bf16": 0.08}, "launch_us": 5.0},
+          "topology": {"devices": 2, "link": "loopback", "bus_gbps": 0.9}, "datasheet": None}
+    stored = SimpleNamespace(result=SimpleNamespace(kernel_level=[point], hardware=hw), hardware_name="cpu x2")
+    entry = SimpleNamespace(case=SimpleNamespace(kernel=SimpleNamespace(
+        variants=[SimpleNamespace(name="allreduce_separate")], baseline="allreduce_separate")))
+    data = figures.roofline(entry, stored)
+    assert data["against"] == "link" and data["measured"]["bandwidth_gbps"] == 0.9
+    assert data["points"][0]["ai"] == pytest.approx(10.0)  # FLOPs per bus byte, not per memory byte
+    assert "FLOP / byte over the link" in plots.render("roofline", data).decode()
+    one = SimpleNamespace(result=SimpleNamespace(kernel_level=[point.model_copy(update={"link_bytes": None})],
+                                                 hardware={**hw, "topology": {}}), hardware_name="cpu")
+    assert figures.roofline(entry, one)["against"] == "memory"

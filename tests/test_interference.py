@@ -91,3 +91,89 @@ def test_busy_time_is_read_on_the_cores_this_process_may_use(monkeypatch):
     line = next(x for x in open("/proc/stat") if x.startswith(f"cpu{allowed[0]} "))
     user, nice, system, _, _, irq, softirq, steal = (int(v) for v in line.split()[1:9])
     assert cpus == 1 and abs(ticks - (user + nice + system + irq + softirq + steal)) <= 5
+
+
+# --- a run of several processes: the sibling ranks are the run's own, anything else is the others' ---------
+
+
+def _burner(*, child: bool = False) -> subprocess.Popen:
+    """A process burning a core in a session of its own; with `child`, through a child of its own (a rank's
+    worker), so that only the grandchild burns."""
+    burn = "while True: pass"
+    code = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])" if child else burn
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def _end(p: subprocess.Popen) -> None:
+    os.killpg(p.pid, 9)
+    p.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_trees_cpu_includes_its_live_descendants():
+    parent = _burner(child=True)
+    try:
+        time.sleep(0.3)
+        start = interference.tree_cpu_s([parent.pid])
+        time.sleep(0.5)
+        burnt = interference.tree_cpu_s([parent.pid]) - start
+    finally:
+        _end(parent)
+    assert burnt > 0.2, burnt  # the grandchild's CPU, not the idle parent's
+    assert interference.tree_cpu_s([os.getpid()]) == 0.0  # this process is `own_cpu_s`'s, never counted twice
+
+
+def _windows_beside(run: list[subprocess.Popen], others: list[subprocess.Popen] = ()) -> tuple[dict, dict]:
+    """Two windows over the same 0.5 s of idling here: one as a single process reads it, one counting `run`'s
+    processes as this run's own (what else runs on the machine is in both alike); every process ended."""
+    try:
+        time.sleep(0.3)
+        alone = interference.Window()
+        interference.count_as_own([p.pid for p in run] + [os.getpid()])
+        assert interference._run_processes == tuple(sorted(p.pid for p in run))  # this process: never twice
+        window = interference.Window()
+        time.sleep(0.5)
+        return alone.close(), window.close()
+    finally:
+        for p in [*run, *others]:
+            _end(p)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_runs_own_processes_are_not_the_others(monkeypatch):
+    monkeypatch.setattr(interference, "_run_processes", ())
+    alone, r = _windows_beside([_burner(child=True)])  # a sibling rank whose worker burns a core
+    assert "run_cpu_s" not in alone
+    assert r["run_cpu_s"] / r["window_s"] > 0.15, r  # seen, and counted as the run's ...
+    assert alone["other_cpu_s"] - r["other_cpu_s"] == pytest.approx(r["run_cpu_s"], abs=0.03), (alone, r)  # not others'
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_foreign_burner_is_counted_beside_the_runs_processes(monkeypatch):
+    monkeypatch.setattr(interference, "_run_processes", ())
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    _, r = _windows_beside([idle], [_burner()])
+    assert r["other_cpu_s"] / r["window_s"] > 0.5, r
+    assert r["run_cpu_s"] < 0.05, r
+
+
+def _readings(monkeypatch, run: tuple[int, ...]) -> dict:
+    """A window on readings given: 1.0 s busy over it, 0.25 s of it this process's, 0.5 s the run's others'."""
+    given = {"busy": iter([(1000, 2), (1100, 2)]), "own": iter([10.0, 10.25]), "tree": iter([3.0, 3.5])}
+    monkeypatch.setattr(interference, "CLOCK_TICKS", 100)
+    monkeypatch.setattr(interference, "busy_ticks", lambda: next(given["busy"]))
+    monkeypatch.setattr(interference, "own_cpu_s", lambda: next(given["own"]))
+    monkeypatch.setattr(interference, "tree_cpu_s", lambda roots: next(given["tree"]) if run else pytest.fail(
+        "no run processes to read"))
+    monkeypatch.setattr(interference, "_run_processes", run)
+    return interference.Window().close()
+
+
+def test_other_cpu_is_the_busy_time_less_this_process_and_the_run(monkeypatch):
+    r = _readings(monkeypatch, (4242,))
+    assert r["run_cpu_s"] == pytest.approx(0.5) and r["other_cpu_s"] == pytest.approx(0.25) and r["cpus"] == 2
+
+
+def test_a_single_process_window_reads_as_before(monkeypatch):
+    r = _readings(monkeypatch, ())
+    assert r["other_cpu_s"] == pytest.approx(0.75) and "run_cpu_s" not in r

@@ -126,3 +126,23 @@ def test_a_host_slower_than_every_floor_makes_the_point_launch_bound():
 def test_host_bound_is_what_place_files_under_launch():
     assert host_bound(2000.0, 50.0) and not host_bound(20.0, 50.0)
     assert not host_bound(None, 50.0) and not host_bound(2000.0, None)
+
+
+# --- a multi-device case: the link's bytes on the link's roof ------------------------------------------
+
+LINKED = Roofs(compute_tflops=100.0, bandwidth_gbps=1000.0, launch_us=2.0, link_gbps=100.0)
+
+
+def test_link_bytes_are_held_to_the_link_and_the_rest_to_memory():
+    f = floors_us(flops=0.0, bytes_moved=5e7, launches=0, roofs=LINKED, link_bytes=1e7)
+    assert f["link"] == pytest.approx(100.0) and f["bandwidth"] == pytest.approx(40.0)  # 1e7 B at 100, 4e7 at 1000
+    assert floors_us(flops=0.0, bytes_moved=5e7, launches=0, roofs=ROOFS, link_bytes=1e7) == pytest.approx(
+        {"compute": 0.0, "bandwidth": 50.0, "launch": 0.0}), "one device, no link roof: every byte on memory's"
+
+
+def test_a_link_bound_point_is_bandwidth_bound_at_the_links_floor():
+    p = place(flops=1e6, bytes_moved=5e7, launches=1, median_us=200.0, roofs=LINKED, link_bytes=1e7)
+    assert p.regime == "bandwidth" and p.floor_us == pytest.approx(100.0) == p.link_floor_us
+    assert p.roof_fraction == pytest.approx(0.5)
+    with pytest.raises(FasterThanPhysics, match="over the link"):
+        place(flops=1e6, bytes_moved=5e7, launches=1, median_us=50.0, roofs=LINKED, link_bytes=1e7)

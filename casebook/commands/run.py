@@ -84,6 +84,8 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
         def progress(event: str, info: dict) -> None:
             if event == "ceilings":
                 bar.update(job, description=f"ceilings of {info['hardware']}")
+            elif event == "topology":
+                bar.update(job, description=f"the link between {info['devices']} devices")
             elif event == "plan":
                 bar.update(job, total=info["total"], completed=0, description="checking and timing")
             elif event == "pairs":

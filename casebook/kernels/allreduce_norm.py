@@ -76,7 +76,8 @@ def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
     b = torch.empty((), dtype=dtype).element_size()
     message = t * h * b
     return Traffic([
-        Term("all-reduce bus bytes, 2(n-1)/n of the message (over the link)", bytes=2 * (n - 1) / n * message),
+        Term("all-reduce bus bytes, 2(n-1)/n of the message (over the link)", bytes=2 * (n - 1) / n * message,
+             link=True),
         Term("copy the partial into the communication buffer (read + write)", bytes=2 * message),
         Term("read the reduced sum", bytes=message),
         Term("read r", bytes=message),

@@ -44,20 +44,35 @@ def ceiling_tflops(p: Point) -> float | None:
     return None
 
 
+def link_gbps(result_hw: dict, points: list[Point]) -> float | None:
+    """The interconnect's measured ceiling where a multi-device result's points were placed against it (its
+    topology's bus bandwidth, and link bytes on every point): its roofline is drawn against the link."""
+    bus = _pos((result_hw.get("topology") or {}).get("bus_gbps"))
+    return bus if bus and points and all(_pos(getattr(p, "link_bytes", None)) for p in points) else None
+
+
 def roofline(entry: Entry, stored: StoredResult) -> dict | None:
     points = [p for p in stored.result.kernel_level if p.status == "ok"]
     if not points:
         return None
     variants = [v.name for v in entry.case.kernel.variants]
+    hw = stored.result.hardware
+    measured, datasheet = measured_roofs(hw, points), datasheet_roofs(hw, {p.dtype for p in points})
+    link = link_gbps(hw, points)
+    if link:  # the slope is the link's, the intensity FLOPs per byte over it
+        measured = {**measured, "bandwidth_gbps": link}
+        sheet = _pos((hw.get("datasheet") or {}).get("link_gbps"))
+        datasheet = {**datasheet, "bandwidth_gbps": sheet} if datasheet and sheet else None
     return {
         "hardware": plain(stored.hardware_name),
         "variants": variants,
         "baseline": entry.case.kernel.baseline,
-        "measured": measured_roofs(stored.result.hardware, points),
-        "datasheet": datasheet_roofs(stored.result.hardware, {p.dtype for p in points}),
+        "measured": measured,
+        "datasheet": datasheet,
+        "against": "link" if link else "memory",
         "shapes": list(dict.fromkeys(shape_short(p.shape) for p in stored.result.kernel_level)),
         "points": [{"variant": p.variant, "dtype": p.dtype, "shape": shape_short(p.shape),
-                    "ai": _pos(p.arithmetic_intensity), "tflops": _pos(p.tflops),
+                    "ai": _pos(p.flops / p.link_bytes if link else p.arithmetic_intensity), "tflops": _pos(p.tflops),
                     "ceiling_tflops": _pos(ceiling_tflops(p)), "roof_fraction": p.roof_fraction
                     if _ok(p.roof_fraction) else None} for p in points],
     }

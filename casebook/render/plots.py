@@ -210,9 +210,10 @@ def roofline(data: dict) -> bytes:
     ridge = max(ceilings) * 1e3 / bw if ceilings else 10.0
     x_lo = min(ais + [ridge]) / 8
     x_hi = max(ais + [ridge]) * 8
+    link = data.get("against") == "link"  # a multi-device case: the slope is the interconnect's
     if datasheet:
-        _roofs(left, datasheet, x_lo, x_hi, faint=True, label="datasheet", avoid=ais)
-    _roofs(left, measured, x_lo, x_hi, faint=False, label="measured", avoid=ais)
+        _roofs(left, datasheet, x_lo, x_hi, faint=True, label="datasheet link" if link else "datasheet", avoid=ais)
+    _roofs(left, measured, x_lo, x_hi, faint=False, label="measured link" if link else "measured", avoid=ais)
 
     ticks = {}
     for p in points:
@@ -236,7 +237,8 @@ def roofline(data: dict) -> bytes:
     y_lo = min(min(ys + [t[1] for t in ticks] + [y_top]) / 3, y_top / 30)
     left.set_xlim(x_lo, x_hi)
     left.set_ylim(y_lo, y_top)
-    left.set_xlabel("arithmetic intensity (FLOP / byte, from the traffic model)")
+    left.set_xlabel("FLOP / byte over the link (the collective's bus bytes)" if link
+                    else "arithmetic intensity (FLOP / byte, from the traffic model)")
     left.set_ylabel("TFLOP/s")
     left.set_title(f"Roofline · {data['hardware']}")
     _align_slopes(left)

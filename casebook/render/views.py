@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from casebook.render import links, text
 from casebook.render.book import Book, Entry, StoredResult
-from casebook.render.figures import best_variant, measured_roofs
+from casebook.render.figures import best_variant, link_gbps, measured_roofs
 from casebook.roofline import host_bound
 from casebook.schema import Point
 
@@ -57,6 +57,8 @@ class Machine:
     best_roof: float | None = None
     shapes_measured: str = ""
     dtypes_measured: str = ""
+    link: str = ""
+    """A multi-device result's roofline is drawn against the link: which one and its measured ceiling, in words."""
 
 
 def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
@@ -100,6 +102,11 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
     measured = [p for p in r.kernel_level if p.status in ("ok", "checked")]
     m.shapes_measured = "; ".join(dict.fromkeys(text.shape(p.shape) for p in measured))
     m.dtypes_measured = ", ".join(dict.fromkeys(p.dtype for p in measured))
+    bus = link_gbps(r.hardware, [p for p in r.kernel_level if p.status == "ok"])
+    if bus:
+        topo = r.hardware.get("topology") or {}
+        m.link = (f"{topo.get('link', 'the link')} between {topo.get('devices')} devices, "
+                  f"{text.num(bus)} GB/s of all-reduce bus bandwidth")
     m.level2_points = _level2_table(entry, wl.get("points") or [])
     m.level2_variants = [v.name for v in entry.case.kernel.variants
                          if any(v.name in row["speedups"] for row in m.level2_points)]
