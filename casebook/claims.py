@@ -5,6 +5,7 @@ from __future__ import annotations
 from casebook.schema import (
     Case,
     LatencyClaim,
+    MemoryClaim,
     RegimeClaim,
     RoofClaim,
     SpeedupClaim,
@@ -57,6 +58,8 @@ def _evaluate(claim, slug: str, kernel_points: list[dict], workload: dict, e2e: 
     pts = _selected(kernel_points, claim.variant, claim.where)
     if not pts:
         return {**head, "held": False, "detail": "no level-1 point matches this claim"}
+    if isinstance(claim, MemoryClaim):
+        return {**head, **_memory(claim, pts, kernel_points)}
     unmeasured = [p for p in pts if p.get("status") != "ok"]
     if unmeasured:
         return {**head, "held": False,
@@ -103,6 +106,30 @@ def _latency(claim: LatencyClaim, pts: list[dict]) -> dict:
     return {"held": per <= claim.at_most_us,
             "detail": f"slowest {per:.2f} us a kernel at {_label(worst)} ({worst['median_us']:.1f} us over {n} "
                       f"kernels; need at most {claim.at_most_us:g})"}
+
+
+def _memory(claim: MemoryClaim, pts: list[dict], kernel_points: list[dict]) -> dict:
+    """The worst ratio of the variant's peak memory to its inputs' bytes (or to `of`'s peak) over the points;
+    not applicable where no point has its memory measured (a CPU), failed where only some have."""
+    measured = [p for p in pts if p.get("peak_memory_bytes") is not None]
+    if not measured:
+        return {"held": None, "detail": "peak memory not measured on this machine (a GPU's allocator counts it)"}
+    if len(measured) < len(pts):
+        p = next(p for p in pts if p.get("peak_memory_bytes") is None)
+        return {"held": False, "detail": f"peak memory not measured at {_label(p)}: {p.get('status')}"}
+    other = {(shape_label(p["shape"]), p["dtype"]): p.get("peak_memory_bytes") for p in kernel_points
+             if p["variant"] == claim.of}
+    ratios = []
+    for p in pts:
+        base = p.get("input_bytes") if claim.of == "inputs" else other.get((shape_label(p["shape"]), p["dtype"]))
+        if not base:
+            return {"held": False, "detail": f"no {claim.of} bytes to compare with at {_label(p)}"}
+        ratios.append((p["peak_memory_bytes"] / base, p))
+    r, p = max(ratios, key=lambda rp: rp[0])
+    of = "its inputs' bytes" if claim.of == "inputs" else f"{claim.of}'s peak"
+    return {"held": r <= claim.at_most,
+            "detail": f"largest {r:.3g}x {of} at {_label(p)} ({p['peak_memory_bytes'] / 2**20:.1f} MiB; need at "
+                      f"most {claim.at_most:g}x)"}
 
 
 def _x(value: float, need: float) -> str:

@@ -93,6 +93,11 @@ def on_device(got, expected, device: str) -> tuple:
     return got, expected
 
 
+def _count(x) -> bool:
+    """A byte count as a child may report one: a non-negative integer."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def release(device: str) -> None:
     """What judging a GPU's outputs left in the parent's allocator, handed back before the next task (the
     variant's child needs the device's memory, the parent holds none between tasks)."""
@@ -136,6 +141,7 @@ def point(task, run: dict, oracle: dict | None) -> dict:
             worst, worst_row = max(worst, err), max(worst_row, row)
     out.update(correct=True, max_rel_err=worst, max_row_err=worst_row, checked_calls=len(calls),
                first_call_s=run.get("first_call_s"))
+    out.update({k: run[k] for k in ("peak_memory_bytes", "input_bytes") if _count(run.get(k))})
     if not task.timed:
         return {**out, "status": "checked"}
     if "rank_times_us" in run:

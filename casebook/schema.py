@@ -313,6 +313,20 @@ class LatencyClaim(_Claim):
     where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
 
 
+class MemoryClaim(_Claim):
+    """The variant's peak device memory above its inputs is at most `at_most` times the bytes of its inputs,
+    or of another variant's peak, at the selected level-1 points. Judged where memory is measured (a GPU);
+    elsewhere not applicable."""
+
+    kind: Literal["peak_memory"] = Field(description="`peak_memory`.")
+    variant: Ident = Field(description="The variant the claim is about.")
+    at_most: Annotated[float, Field(gt=0)] = Field(description="Most peak memory, as a multiple of `of`.")
+    of: Literal["inputs"] | Ident = Field(
+        default="inputs", description="inputs: the bytes of the call's input tensors; a variant's name: that "
+                                      "variant's peak memory at the same point.")
+    where: Where = Field(default_factory=Where, description="Which level-1 points; unset: all.")
+
+
 class SpeedupClaim(_Claim):
     """`variant` is at least `at_least` times faster than `over` at a level."""
 
@@ -329,7 +343,7 @@ class SpeedupClaim(_Claim):
     where: Where = Field(default_factory=Where, description="Which level-1 points (level `kernel` only); unset: all.")
 
 
-Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, LatencyClaim, SpeedupClaim],
+Claim = Annotated[Union[RegimeClaim, RoofClaim, ThroughputClaim, LatencyClaim, MemoryClaim, SpeedupClaim],
                   Field(discriminator="kind")]
 
 
@@ -433,6 +447,8 @@ def consistency_problems(case: Any) -> list[str]:
         need_variant(c.variant, f"claims.{i}.variant")
         if getattr(c, "kind", None) == "speedup":
             need_variant(c.over, f"claims.{i}.over")
+        if getattr(c, "kind", None) == "peak_memory" and c.of != "inputs":
+            need_variant(c.of, f"claims.{i}.of")
     return problems
 
 
@@ -546,6 +562,11 @@ class Point(Open):
     link_roof_gbps: float | None = Field(
         default=None, description="Multi-device cases: the link roof it was placed under, GB/s (the hardware's "
                                   "measured interconnect ceiling, `hardware.topology.bus_gbps`).")
+    peak_memory_bytes: int | None = Field(
+        default=None, description="Device memory one call allocated at its peak above what was allocated when it "
+                                  "started (its inputs among it), bytes: the allocator's peak statistics, reset "
+                                  "before the second check call. Absent: not measured (a CPU).")
+    input_bytes: int | None = Field(default=None, description="Bytes of the call's input tensors.")
     weight: float | None = Field(default=None, description="Level 2: the shape's weight in the distribution.")
     source: str | None = Field(default=None, description="Level 2: where the shape and its weight come from.")
 

@@ -227,3 +227,39 @@ def test_a_speedup_is_printed_as_finely_as_its_threshold():
     assert held["held"] is True and held["detail"].startswith("worst 0.9526x at")
     failed = outcome(claim, [pt("triton_online", LARGE, 105.0), pt("torch_softmax", LARGE, 99.98)])
     assert failed["held"] is False and failed["detail"].startswith("worst 0.9522x at")
+
+
+# --- peak memory -----------------------------------------------------------------------------------------
+
+
+MIB = 2**20
+
+
+def test_peak_memory_against_the_inputs_held_and_failed():
+    claim = {"kind": "peak_memory", "variant": "triton_online", "at_most": 1.1}
+    lean = [pt("triton_online", s, 10, peak_memory_bytes=64 * MIB, input_bytes=64 * MIB) for s in (SMALL, LARGE)]
+    assert outcome(claim, lean)["held"] is True
+    fat = [lean[0], pt("triton_online", LARGE, 10, peak_memory_bytes=448 * MIB, input_bytes=64 * MIB)]
+    o = outcome(claim, fat)
+    assert o["held"] is False and "7x its inputs' bytes at 4096x65536 bf16 (448.0 MiB" in o["detail"]
+
+
+def test_peak_memory_against_another_variant():
+    claim = {"kind": "peak_memory", "variant": "triton_online", "at_most": 0.25, "of": "eager"}
+    pts = [pt("triton_online", SMALL, 10, peak_memory_bytes=64 * MIB, input_bytes=64 * MIB),
+           pt("eager", SMALL, 30, peak_memory_bytes=448 * MIB, input_bytes=64 * MIB)]
+    o = outcome(claim, pts)
+    assert o["held"] is True and "0.143x eager's peak" in o["detail"]
+
+
+def test_peak_memory_not_measured_is_not_applicable_and_partly_measured_fails():
+    claim = {"kind": "peak_memory", "variant": "triton_online", "at_most": 1.1}
+    cpu = [pt("triton_online", SMALL, 10, input_bytes=64 * MIB)]  # a CPU: no allocator counts it
+    assert outcome(claim, cpu)["held"] is None
+    partly = cpu + [pt("triton_online", LARGE, 10, peak_memory_bytes=64 * MIB, input_bytes=64 * MIB)]
+    assert outcome(claim, partly)["held"] is False
+
+
+def test_peak_memory_of_a_variant_that_does_not_exist_is_a_case_error():
+    with pytest.raises(ValueError, match="claims.0.of: 'nope' is not a variant"):
+        case_with({"text": "t", "kind": "peak_memory", "variant": "triton_online", "at_most": 1, "of": "nope"})

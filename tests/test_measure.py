@@ -98,6 +98,12 @@ def test_ok_point_is_placed_on_the_roofline(payloads):
     assert p["first_call_s"] > 0
 
 
+def test_memory_is_not_measured_on_a_cpu_and_the_inputs_are_counted(payloads):
+    """No allocator on a CPU counts a call's peak: it is absent, never guessed; the inputs' bytes are kept."""
+    p = payloads[0]
+    assert "peak_memory_bytes" not in p and p["input_bytes"] == 64 * 1000 * 4
+
+
 def test_first_call_is_timed_where_it_happens(payloads):
     """The first call (JIT, autotuning) happens inside the first check: its cost is reported from there,
     apart from the timing, whose median never sees it."""

@@ -415,6 +415,18 @@ def test_a_point_shows_its_bandwidth_and_launch_floors_beside_its_median(tmp_pat
     assert "triton_online" in row and ">250<" in row
 
 
+def test_peak_memory_is_shown_beside_the_time_where_it_was_measured(tmp_path: Path, plot_cache: Path):
+    html = unescape(softmax_page_with(tmp_path, plot_cache, peak_memory_bytes=268_435_456, input_bytes=134_217_728))
+    assert ">Peak memory</abbr>" in html
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", html, re.S) if "268 MB (2x inputs)" in r)
+    assert "triton_online" in row
+
+
+def test_no_peak_memory_column_where_none_was_measured(tmp_path: Path, plot_cache: Path):
+    assert build_site(REPO / "cases", REPO / "results", tmp_path / "site", plot_cache) == 0
+    assert "Peak memory" not in page(tmp_path / "site", "rmsnorm")
+
+
 def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():
     """One name, copy ceilings 45.9 and 19.3 GB/s (two machines): the atlas and hardware pages take them
     apart, each against its own run's roofs; a third result within 20% of the first joins it."""

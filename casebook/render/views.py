@@ -59,6 +59,8 @@ class Machine:
     dtypes_measured: str = ""
     link: str = ""
     """A multi-device result's roofline is drawn against the link: which one and its measured ceiling, in words."""
+    memory: bool = False
+    """Whether any level-1 point has its peak memory measured: the table then shows it beside the time."""
 
 
 def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
@@ -92,6 +94,7 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
     shapes = _shape_order(r.kernel_level)
     for p in sorted(r.kernel_level, key=lambda p: (shapes[text.shape_short(p.shape)], order.get(p.variant, 99))):
         m.level1.setdefault(p.dtype, []).append(_level1_row(p, entry.case.kernel.baseline))
+    m.memory = any(p.peak_memory_bytes is not None for p in r.kernel_level)
     wl = r.workload_level or {}
     m.level2_summary = [{"variant": s.get("variant"), "geomean": text.times(s.get("geomean_speedup")),
                          "worst": text.times(s.get("worst_speedup")),
@@ -153,8 +156,17 @@ def _level1_row(p: Point, baseline: str) -> dict:
             "floors": f"{text.num(p.bandwidth_floor_us)} · {text.num(p.launch_floor_us)}"
                       if _ok(p.bandwidth_floor_us) and _ok(p.launch_floor_us) else "–",
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
+            "memory": _memory(p),
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
             "ok": p.status in ("ok", "checked")}
+
+
+def _memory(p: Point) -> str:
+    """Peak memory above the inputs, and as a multiple of the inputs' bytes."""
+    if p.peak_memory_bytes is None:
+        return "–"
+    ratio = f" ({p.peak_memory_bytes / p.input_bytes:.2g}x inputs)" if p.input_bytes else ""
+    return f"{text.nbytes(p.peak_memory_bytes)}{ratio}"
 
 
 def _regressions(summary: dict, points: list[dict]) -> str:
