@@ -379,19 +379,25 @@ def triton_paged_static(q, k_cache, v_cache, block_table, seq_lens, k=None, v=No
 # --- level 3: one decode step of a layer over the paged cache ---------------------------------------
 
 
-def make_step_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
-    """One new token per sequence x [batch, 1, hidden], the fused QKV and output weights (fan-in scaled), and a
-    paged cache (pages shuffled) of seq_kv positions a sequence, the last of which the step fills."""
-    b, h, hkv, length, d, page = (shape[k] for k in ("batch", "heads", "kv_heads", "seq_kv", "head_dim", "page_size"))
+def step_weights(b: int, h: int, hkv: int, d: int, dtype: torch.dtype, device: str,
+                 generator: torch.Generator) -> dict:
+    """One new token per sequence x [batch, 1, hidden] and the fused QKV and output weights (fan-in scaled)."""
     g = on_device(generator, device)
     hidden = h * d
     x = torch.randn(b, 1, hidden, generator=g, device=device)
     w_qkv = torch.randn(hidden, (h + 2 * hkv) * d, generator=g, device=device) * hidden**-0.5
     w_o = torch.randn(h * d, hidden, generator=g, device=device) * (h * d) ** -0.5
+    return {"x": x.to(dtype), "w_qkv": w_qkv.to(dtype), "w_o": w_o.to(dtype), "heads": h}
+
+
+def make_step_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
+    """The step's weights and new tokens, and a paged cache (pages shuffled) of seq_kv positions a sequence, the
+    last of which the step fills."""
+    b, h, hkv, length, d, page = (shape[k] for k in ("batch", "heads", "kv_heads", "seq_kv", "head_dim", "page_size"))
     cache = ac.make_qkv(b, 1, hkv, 1, length, d, dtype, device, generator)
     lens = torch.full((b,), length, dtype=torch.int32, device=device)
-    return {"x": x.to(dtype), "w_qkv": w_qkv.to(dtype), "w_o": w_o.to(dtype),
-            **paged(cache["k"], cache["v"], page, 3, generator), "seq_lens": lens, "heads": h}
+    return {**step_weights(b, h, hkv, d, dtype, device, generator), **paged(cache["k"], cache["v"], page, 3, generator),
+            "seq_lens": lens}
 
 
 def write_token(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
