@@ -109,10 +109,10 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blo
               seq_lens: torch.Tensor, k=None, v=None, **_) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v in float64 over each sequence's first seq_lens tokens, read through the block
     table (never from the contiguous copy the `contiguous` rung reads)."""
-    kg, vg = gather(k_cache, block_table), gather(v_cache, block_table)
-    out = torch.empty_like(q)
-    for i, n in enumerate(seq_lens.tolist()):
-        out[i:i + 1] = ac.reference(q[i:i + 1], kg[i:i + 1, :, :n], vg[i:i + 1, :, :n])
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for i, n in enumerate(seq_lens.tolist()):  # one sequence at a time: float64 copies of one context, not all
+        row = block_table[i:i + 1]
+        out[i:i + 1] = ac.reference(q[i:i + 1], gather(k_cache, row)[:, :, :n], gather(v_cache, row)[:, :, :n])
     return out
 
 

@@ -17,6 +17,8 @@ B x group FLOPs per byte, so it is bandwidth-bound at few requests and crosses t
 The ladder (baseline: per_request):
   sdpa           per request over its own contiguous cache (the prefix copied into each): the library's call
   per_request    attention_decode's split-KV kernel (fused combine) over the same contiguous caches
+  gather_sdpa    the prefix's pages shared in the pool, gathered into a contiguous copy per request, then SDPA
+                 (attention_paged's naive path: memory saved in the pool, the prefix copied per call)
   paged_shared   the prefix's pages shared in the pool (memory saved), attention_paged's best kernel: each
                  request's programs still read them (bytes not saved; L2 catches what it can)
   cascade        the prefix pass (all requests' queries against one read of the prefix), the suffix pass
@@ -104,7 +106,7 @@ def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
     ])
 
 
-# --- variants 1-3: per request ---------------------------------------------------------------------
+# --- variants 1-4: per request ---------------------------------------------------------------------
 
 
 def sdpa(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tensor:
@@ -115,6 +117,11 @@ def sdpa(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tens
 def per_request(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tensor:
     """attention_decode's split-KV kernel over each request's contiguous cache (the prefix copied into each)."""
     return attention_decode.triton_split_fused(q, k, v)
+
+
+def gather_sdpa(q, k_cache, v_cache, block_table, seq_lens, shared, k=None, v=None) -> torch.Tensor:
+    """attention_paged's gather and SDPA over the pool whose prefix pages every request's table names."""
+    return ap.gather_sdpa(q, k_cache, v_cache, block_table, seq_lens)
 
 
 def paged_shared(q, k_cache, v_cache, block_table, seq_lens, shared, k=None, v=None) -> torch.Tensor:
@@ -297,7 +304,7 @@ def cascade(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block
     return o
 
 
-# --- variants 4-5 -------------------------------------------------------------------------------------
+# --- variants 5-6 -------------------------------------------------------------------------------------
 
 
 def triton_cascade(q, k_cache, v_cache, block_table, seq_lens, shared, k=None, v=None) -> torch.Tensor:
