@@ -353,8 +353,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     strides = (*q.stride()[:2], *pool_strides(k_cache, v_cache), block_table.stride(0), *o.stride()[:2])
     _paged_decode_tuned[(b * hkv, splits)](q, k_cache, v_cache, block_table, seq_lens, o, lse, part, count,
                                            d**-0.5 * LOG2E, hkv, group, page, chunk, splits, *strides,
-                                           ROWS=rows, HEAD_DIM=d, UPCAST=not q.is_cuda, STATIC_PAGE=page if static else 0,
-                                           DIRECT=direct)
+                                           ROWS=rows, HEAD_DIM=d, UPCAST=not q.is_cuda,
+                                           STATIC_PAGE=page if static else 0, DIRECT=direct)
     return o
 
 
