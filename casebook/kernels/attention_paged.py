@@ -99,10 +99,11 @@ def paged(k: torch.Tensor, v: torch.Tensor, page: int, order: int, generator: to
 
 
 def gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """The pages of every sequence copied into one contiguous [batch, kv_heads, pages x page, d] tensor."""
+    """The pages of every sequence copied into one contiguous [batch, pages x page, kv_heads, d] tensor (one copy:
+    the cache read and written once), returned as its [batch, kv_heads, pages x page, d] view."""
     b, per = block_table.shape
     _, page, hkv, d = cache.shape
-    return cache[block_table.long()].view(b, per * page, hkv, d).transpose(1, 2).contiguous()
+    return cache[block_table.long()].view(b, per * page, hkv, d).transpose(1, 2)
 
 
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
