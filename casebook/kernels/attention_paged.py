@@ -45,7 +45,7 @@ import triton.language as tl
 
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_decode
-from casebook.kernels.attention_common import LOG2E, _combine_rows, _mma
+from casebook.kernels.attention_common import LOG2E, _attend, _combine_rows
 from casebook.kernels.device import INTERPRET, num_sms, on_device
 from casebook.traffic import Term, Traffic
 
@@ -179,20 +179,6 @@ def _load_group(q_ptr, b, hk, sqb, sqh, GROUP, ROWS: tl.constexpr, HEAD_DIM: tl.
 
 
 @triton.jit
-def _online(acc, m_i, l_i, q, k, v, ok, qk_scale, UPCAST: tl.constexpr):
-    # One K/V tile of the online softmax in the log2 domain (attention_common's update); k [HEAD_DIM, BLOCK_N],
-    # v [BLOCK_N, HEAD_DIM], ok [BLOCK_N] the keys that exist.
-    s = _mma(q, k, tl.zeros([q.shape[0], k.shape[1]], dtype=tl.float32), UPCAST) * qk_scale
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def paged_tiles(acc, m_i, l_i, q, kc_ptr, vc_ptr, table, lo, hi, hk, PAGE, skp, skt, skh, svp, svt, svh, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
     """Keys [lo, hi) of one sequence through its block table `table`, any page size (a runtime integer): each
@@ -208,7 +194,8 @@ def paged_tiles(acc, m_i, l_i, q, kc_ptr, vc_ptr, table, lo, hi, hk, PAGE, skp, 
                     other=0.0)
         v = tl.load(vc_ptr + (page * svp + slot * svt + hk * svh)[:, None] + offs_d[None, :], mask=ok[:, None],
                     other=0.0)
-        acc, m_i, l_i = _online(acc, m_i, l_i, q, k, v, ok, qk_scale, UPCAST)
+        # attention_common's online-softmax step, masked at hi (keys n0 + offs_n past it score -inf), no causal mask
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, qk_scale, 0, offs_n, n0, 0, hi, True, False, UPCAST)
     return acc, m_i, l_i
 
 
@@ -234,7 +221,7 @@ def paged_tiles_static(acc, m_i, l_i, q, kc_ptr, vc_ptr, table, lo, hi, hk, skp,
             rows_v = tl.reshape(pages[:, None] * svp + slot[None, :] * svt, [BLOCK_N])
         k = tl.load(kc_ptr + (rows + hk * skh)[None, :] + offs_d[:, None], mask=ok[None, :], other=0.0)
         v = tl.load(vc_ptr + (rows_v + hk * svh)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-        acc, m_i, l_i = _online(acc, m_i, l_i, q, k, v, ok, qk_scale, UPCAST)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, qk_scale, 0, offs_n, n0, 0, hi, True, False, UPCAST)
     return acc, m_i, l_i
 
 
