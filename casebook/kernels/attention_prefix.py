@@ -15,10 +15,10 @@ B x group FLOPs per byte, so it is bandwidth-bound at few requests and crosses t
 48 requests at group 4; the suffixes stay bandwidth-bound (4 FLOP/byte).
 
 The ladder (baseline: per_request):
-  sdpa           per request over its own contiguous cache (the prefix copied into each): the library's call
-  per_request    attention_decode's split-KV kernel (fused combine) over the same contiguous caches
-  gather_sdpa    the prefix's pages shared in the pool, gathered into a contiguous copy per request, then SDPA
-                 (attention_paged's naive path: memory saved in the pool, the prefix copied per call)
+  per_request    attention_decode's split-KV kernel (fused combine) over each request's own contiguous cache
+                 (the prefix copied into each)
+  gather_sdpa    the library's call on the shared pool: the pages gathered into a contiguous copy per request,
+                 then SDPA (attention_paged's naive path: memory saved in the pool, the prefix copied per call)
   paged_shared   the prefix's pages shared in the pool (memory saved), attention_paged's best kernel: each
                  request's programs still read them (bytes not saved; L2 catches what it can)
   cascade        the prefix pass (all requests' queries against one read of the prefix), the suffix pass
@@ -106,12 +106,7 @@ def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
     ])
 
 
-# --- variants 1-4: per request ---------------------------------------------------------------------
-
-
-def sdpa(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tensor:
-    """SDPA's own dispatch per request over its contiguous cache: the prefix read once per request."""
-    return attention_decode.sdpa(q, k, v)
+# --- variants 1-3: per request ---------------------------------------------------------------------
 
 
 def per_request(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tensor:
@@ -304,7 +299,7 @@ def cascade(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block
     return o
 
 
-# --- variants 5-6 -------------------------------------------------------------------------------------
+# --- variants 4-5 -------------------------------------------------------------------------------------
 
 
 def triton_cascade(q, k_cache, v_cache, block_table, seq_lens, shared, k=None, v=None) -> torch.Tensor:
