@@ -21,9 +21,9 @@ The ladder (baseline: per_request):
                  then SDPA (attention_paged's naive path: memory saved in the pool, the prefix copied per call)
   paged_shared   the prefix's pages shared in the pool (memory saved), attention_paged's best kernel: each
                  request's programs still read them (bytes not saved; L2 catches what it can)
-  cascade        the prefix pass (all requests' queries against one read of the prefix), the suffix pass
+  triton_cascade the prefix pass (all requests' queries against one read of the prefix), the suffix pass
                  (each request's own pages), then a merge kernel: the log-sum-exp merge of the partials
-  cascade_fused  the merge fused into the suffix pass: each (request, KV head) program folds the prefix's
+  triton_cascade_fused  the merge fused into the suffix pass: each (request, KV head) program folds the prefix's
                  partials into its running softmax before it writes o (two launches, no suffix partials)
 
 Only whole pages are shared: a prefix's tail shorter than a page lives in each request's own first page, as a
