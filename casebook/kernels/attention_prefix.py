@@ -15,6 +15,7 @@ B x group FLOPs per byte, so it is bandwidth-bound at few requests and crosses t
 48 requests at group 4; the suffixes stay bandwidth-bound (4 FLOP/byte).
 
 The ladder (baseline: per_request):
+  sdpa           per request over its own contiguous cache (the prefix copied into each): the library's decode
   per_request    attention_decode's split-KV kernel (fused combine) over each request's own contiguous cache
                  (the prefix copied into each)
   gather_sdpa    the library's call on the shared pool: the pages gathered into a contiguous copy per request,
@@ -106,7 +107,12 @@ def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
     ])
 
 
-# --- variants 1-3: per request ---------------------------------------------------------------------
+# --- variants 1-4: per request ---------------------------------------------------------------------
+
+
+def sdpa(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tensor:
+    """SDPA's own dispatch per request over its contiguous cache: the prefix read once per request."""
+    return attention_decode.sdpa(q, k, v)
 
 
 def per_request(q, k_cache, v_cache, block_table, seq_lens, shared, k, v) -> torch.Tensor:
@@ -299,7 +305,7 @@ def cascade(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block
     return o
 
 
-# --- variants 4-5 -------------------------------------------------------------------------------------
+# --- variants 5-6 -------------------------------------------------------------------------------------
 
 
 def triton_cascade(q, k_cache, v_cache, block_table, seq_lens, shared, k=None, v=None) -> torch.Tensor:

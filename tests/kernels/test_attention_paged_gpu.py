@@ -17,7 +17,7 @@ PAGED = [(8, 32, 8, 32768, 128, 16, 3), (8, 32, 8, 9000, 128, 8, 3), (2, 32, 8, 
 PAGED_RUNGS = ["contiguous", "gather_sdpa", "triton_paged", "triton_paged_split", "triton_paged_static"]
 PREFIX = [(64, 32, 8, 32768, 256, 128), (1, 32, 8, 8200, 37, 128), (37, 32, 8, 4100, 300, 128),
           (64, 64, 8, 8192, 128, 128), (5, 8, 1, 10, 1, 64)]
-PREFIX_RUNGS = ["per_request", "gather_sdpa", "paged_shared", "triton_cascade", "triton_cascade_fused"]
+PREFIX_RUNGS = ["sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_cascade", "triton_cascade_fused"]
 
 
 def _run(mod, fn, shape, keys):

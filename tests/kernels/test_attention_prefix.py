@@ -49,7 +49,8 @@ def rel(out, ref):
 
 
 def test_every_cpu_rung_is_covered():
-    assert set(ON_CPU) == {"per_request", "gather_sdpa", "paged_shared", "triton_cascade", "triton_cascade_fused"}
+    assert set(ON_CPU) == {"sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_cascade",
+                           "triton_cascade_fused"}
 
 
 @pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
