@@ -47,6 +47,12 @@
 #   bash benchmarks/gpu_session.sh attention-decode   # decode's GPU tests (the fused combine's counters),
 #                                                 # then its run
 #   bash benchmarks/gpu_session.sh attention-smoke    # the attention kernels beside SDPA, do_bench
+#   bash benchmarks/gpu_session.sh attention-paged    # issue 26: paged decode's GPU tests (the fused combine
+#                                                 # over pages), then its run with counters
+#   bash benchmarks/gpu_session.sh attention-paged-sectors  # sectors per request and DRAM bytes per page
+#                                                 # size under ncu (whether small pages break coalescing)
+#   bash benchmarks/gpu_session.sh attention-prefix   # issue 26: the cascade's GPU tests, then its run with
+#                                                 # counters
 #   bash benchmarks/gpu_session.sh pool           # on a host of several GPUs: the whole book side by side,
 #                                                 # one worker a GPU (casebook run --all --save), the table
 #                                                 # of what ran where, whether the GPUs' ceilings agree
@@ -238,6 +244,22 @@ case "${1:-}" in
     timeout 120 python3 -m pytest -q -x -k "decode or fused_combine" tests/kernels/test_attention_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
     echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
     run_case attention_decode $((580 - SECONDS)) --counters ;;
+  attention-paged)  # issue 26: every paged rung compiled against float64 (page sizes 8-128, ragged lengths), the
+                    # fused combine and the cascade over 500 launches each, then the committed run with counters.
+                    # Predicted: ~2 min of tests (autotuning per page size), ~5 min of run (8 shapes x 5 rungs)
+    timeout 150 python3 -m pytest -q -x -k "paged_rung or many_launches" tests/kernels/test_attention_paged_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case attention_paged $((580 - SECONDS)) --counters ;;
+  attention-paged-sectors)  # the counters beyond DRAM bytes, one ncu call per (variant, page size), ~4 min
+    timeout 560 bash benchmarks/attention_paged_sectors.sh "$out/logs/sectors" > "$out/logs/sectors.txt" 2>&1
+    echo "sectors: exit $?"; cat "$out/logs/sectors.txt" ;;
+  attention-prefix)  # issue 26: every prefix rung compiled against float64 (1-64 requests, prefixes of 10-32K
+                     # tokens, group 8), then the committed run with counters. Predicted: ~2 min of tests (the
+                     # float64 references of 64 contexts of 32K), ~6 min of run (per_request and gather_sdpa
+                     # read 8.6 GB a call at the 64-request shapes)
+    timeout 150 python3 -m pytest -q -x -k "prefix_rung" tests/kernels/test_attention_paged_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case attention_prefix $((580 - SECONDS)) --counters ;;
   attention-smoke)  # the attention family's Triton kernels beside SDPA's backends outside the harness
                     # (do_bench, warm L2): compile, agreement with float64, a first rate. ~2 min
     timeout 300 python3 benchmarks/explore/attention/triton_smoke.py > "$out/logs/attention_smoke.txt" 2>&1
@@ -250,7 +272,7 @@ case "${1:-}" in
       > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
     echo "pool: exit $?"; cat "$out/logs/pool.txt"
     grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
-  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|attention-prefill|attention-decode|attention-smoke|pool|allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
