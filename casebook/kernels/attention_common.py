@@ -1,6 +1,6 @@
-"""Attention's kernel family, shared by the stage cases (attention_prefill, attention_decode; paged KV and
-prefix reuse next): the float64 reference, the eager composite, SDPA's backends, FlexAttention and the
-Triton kernels, with the traffic model's terms.
+"""Attention's kernel family, shared by the stage cases (attention_prefill, attention_decode, and through
+them attention_paged and attention_prefix): the float64 reference, the eager composite, SDPA's backends,
+FlexAttention and the Triton kernels, with the traffic model's terms.
 
 Layout, every case: q [batch, heads, seq_q, head_dim]; k, v [batch, kv_heads, seq_kv, head_dim] (GQA: each
 KV head serves `heads // kv_heads` query heads, h // group); o like q. The queries are the last seq_q
