@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from casebook import claims as claims_mod
-from casebook import hardware, interference, judge, stability
+from casebook import hardware, interference, judge, levels, stability
 from casebook.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
 from casebook.check import ROW_TOLERANCE, TOLERANCE
 from casebook.isolate import Worker
@@ -26,7 +26,6 @@ from casebook.oracle import OracleTask
 from casebook.oracle import work as oracle_work
 from casebook.provenance import case_sha256, imported_closure, kernel_path, kernel_sha256, measurement_sha256
 from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
-from casebook.stats import weighted_geomean
 from casebook.traffic import INTENSITY_TOLERANCE
 
 Progress = Callable[[str, dict], None]
@@ -299,11 +298,13 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                 w = weights[shape_label(task.shape)]
                 workload_points.append({**point, "weight": w.weight, "source": w.source})
 
-    _speedups(kernel_points, case.kernel.baseline)
-    _speedups(workload_points, case.kernel.baseline)
+    for points in (kernel_points, workload_points):
+        for p, s in zip(points, levels.speedups(points, case.kernel.baseline)):
+            if s:
+                p["speedup"] = s
     workload = {"dtype": case.levels.workload.dtype, "description": case.levels.workload.description,
-                "points": workload_points, "summary": _workload_summary(workload_points, case.kernel.baseline)}
-    e2e = _end_to_end(case, e2e_runs, on_gpu)
+                "points": workload_points, "summary": levels.workload_summary(workload_points, case.kernel.baseline)}
+    e2e = levels.end_to_end(case.levels.end_to_end, e2e_runs, on_gpu)
     env = {**run["env"], "clocks_end": hardware.clocks(), "load_average_end": interference.load_average()}
     protocol_doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
                     "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
@@ -392,64 +393,6 @@ def _kernel_file(module: str) -> Path:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _speedups(points: list[dict], baseline: str) -> None:
-    base = {(shape_label(p["shape"]), p["dtype"]): p.get("median_us") for p in points if p["variant"] == baseline}
-    for p in points:
-        b = base.get((shape_label(p["shape"]), p["dtype"]))
-        if b and p.get("median_us"):
-            p["speedup"] = b / p["median_us"]
-
-
-REGRESSION = 0.98
-"""A workload speedup under this counts as a regression (2% allows for run-to-run noise)."""
-
-
-def _workload_summary(points: list[dict], baseline: str) -> list[dict]:
-    out = []
-    for name in dict.fromkeys(p["variant"] for p in points):
-        mine = [p for p in points if p["variant"] == name]
-        timed = [p for p in mine if p.get("speedup")]
-        row = {"variant": name, "shapes": len(mine), "timed": len(timed)}
-        if timed and len(timed) == len(mine):
-            worst = min(timed, key=lambda p: p["speedup"])
-            row.update(geomean_speedup=weighted_geomean([p["speedup"] for p in timed], [p["weight"] for p in timed]),
-                       worst_speedup=worst["speedup"], worst_shape=worst["shape"],
-                       regressions=[p["shape"] for p in timed if p["speedup"] < REGRESSION and name != baseline])
-        out.append(row)
-    return out
-
-
-def _end_to_end(case: Case, runs: dict, on_gpu: bool) -> dict:
-    e = case.levels.end_to_end
-    doc = {"description": e.description, "shape": e.shape if on_gpu else e.cpu_shape, "dtype": e.dtype,
-           "baseline": e.baseline, "variant": e.variant}
-    base, var = runs.get(e.baseline), runs.get(e.variant)
-    if not base or base.get("status") != "ok":
-        return {**doc, "status": "skipped" if base is None else "failed",
-                "error": (base or {}).get("error", f"baseline {e.baseline} cannot be timed here")}
-    share = base["kernel_us"] / base["scenario_us"]
-    doc.update(baseline_us=base["scenario_us"], baseline_kernel_us=base["kernel_us"], kernel_share=share)
-    if share > 1.05:  # the kernel alone cannot take longer than the computation it is part of
-        return {**doc, "status": "failed",
-                "error": f"kernel share {share:.0%} of the scenario: timings disturbed (a loaded machine?); run again"}
-    if not var or var.get("status") != "ok":
-        return {**doc, "status": "partial",
-                "error": (var or {}).get("error", f"variant {e.variant} cannot be timed here")}
-    kernel_speedup = base["kernel_us"] / var["kernel_us"]
-    amdahl = 1 / ((1 - share) + share / kernel_speedup)
-    measured = base["scenario_us"] / var["scenario_us"]
-    fb, fv = base["fingerprint"], var["fingerprint"]
-    num = math.sqrt(sum((a - b) ** 2 for a, b in zip(fb, fv)))
-    den = math.sqrt(sum(a * a for a in fb)) or 1.0
-    agree = num / den <= 2 * TOLERANCE[e.dtype]
-    doc.update(status="ok" if agree else "failed", variant_us=var["scenario_us"], variant_kernel_us=var["kernel_us"],
-               kernel_speedup=kernel_speedup, amdahl_speedup=amdahl, measured_speedup=measured,
-               gap=measured / amdahl - 1, outputs_rel_diff=num / den)
-    if not agree:
-        doc["error"] = f"scenario outputs differ between {e.baseline} and {e.variant} by {num / den:.3g}"
-    return doc
 
 
 def failed(doc: dict) -> bool:

@@ -123,57 +123,6 @@ def test_variant_env_keeps_inductor_choices_in_casebooks_cache(monkeypatch, tmp_
 # --- levels 2 and 3, and what counts as failed --------------------------------------------------------
 
 
-def point(variant: str, rows: int, median_us: float | None, weight: float = 1.0, status: str = "ok") -> dict:
-    return {"variant": variant, "shape": {"rows": rows, "cols": 8}, "dtype": "bf16", "status": status,
-            "median_us": median_us, "weight": weight}
-
-
-def test_workload_summary():
-    points = [point("base", 1, 10.0, 3.0), point("base", 2, 10.0, 1.0),
-              point("fast", 1, 5.0, 3.0), point("fast", 2, 20.0, 1.0),  # 2x at weight 3, 0.5x at weight 1
-              point("partial", 1, 5.0, 3.0), point("partial", 2, None, 1.0, "failed")]
-    run._speedups(points, "base")
-    assert [p.get("speedup") for p in points] == [1.0, 1.0, 2.0, 0.5, 2.0, None]
-    rows = {r["variant"]: r for r in run._workload_summary(points, "base")}
-    assert rows["base"]["geomean_speedup"] == pytest.approx(1.0) and rows["base"]["regressions"] == []
-    assert rows["fast"]["geomean_speedup"] == pytest.approx(2 ** ((3 - 1) / 4))
-    assert rows["fast"]["worst_speedup"] == 0.5 and rows["fast"]["worst_shape"] == {"rows": 2, "cols": 8}
-    assert rows["fast"]["regressions"] == [{"rows": 2, "cols": 8}]
-    assert rows["partial"] == {"variant": "partial", "shapes": 2, "timed": 1}, "no geomean over part of the workload"
-
-
-E2E_CASE = load_case(SOFTMAX)  # baseline torch_softmax, variant triton_online, bf16
-
-
-def e2e(kernel_us: float, scenario_us: float, fingerprint=(1.0, 2.0), status: str = "ok") -> dict:
-    return {"status": status, "kernel_us": kernel_us, "scenario_us": scenario_us, "fingerprint": list(fingerprint)}
-
-
-def test_end_to_end_amdahl():
-    runs = {"torch_softmax": e2e(30.0, 100.0), "triton_online": e2e(10.0, 80.0)}
-    doc = run._end_to_end(E2E_CASE, runs, on_gpu=True)
-    assert doc["status"] == "ok"
-    assert doc["kernel_share"] == pytest.approx(0.3) and doc["kernel_speedup"] == pytest.approx(3.0)
-    assert doc["amdahl_speedup"] == pytest.approx(1 / (0.7 + 0.1))  # 1.25
-    assert doc["measured_speedup"] == pytest.approx(1.25) and doc["gap"] == pytest.approx(0.0)
-    assert doc["shape"] == E2E_CASE.levels.end_to_end.shape
-
-
-def test_end_to_end_outputs_must_agree():
-    runs = {"torch_softmax": e2e(30.0, 100.0), "triton_online": e2e(10.0, 80.0, fingerprint=(1.0, 2.5))}
-    doc = run._end_to_end(E2E_CASE, runs, on_gpu=True)
-    assert doc["status"] == "failed" and "scenario outputs differ" in doc["error"]
-
-
-def test_end_to_end_partial_and_missing():
-    only_base = run._end_to_end(E2E_CASE, {"torch_softmax": e2e(30.0, 100.0)}, on_gpu=False)
-    assert only_base["status"] == "partial" and only_base["kernel_share"] == pytest.approx(0.3)
-    assert only_base["shape"] == E2E_CASE.levels.end_to_end.cpu_shape
-    assert run._end_to_end(E2E_CASE, {}, on_gpu=False)["status"] == "skipped"
-    crashed = run._end_to_end(E2E_CASE, {"torch_softmax": {"status": "crashed", "error": "boom"}}, on_gpu=False)
-    assert crashed["status"] == "failed" and crashed["error"] == "boom"
-
-
 def doc_with(kernel=(), workload=(), e2e_status="ok", held=(True,)) -> dict:
     return {"kernel_level": [{"status": s} for s in kernel],
             "workload_level": {"points": [{"status": s} for s in workload]},

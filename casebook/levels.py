@@ -1,0 +1,88 @@
+"""The arithmetic of levels 2 and 3, pure: speedups over the baseline at each point, the workload's weighted
+geomean and worst shape, and the end-to-end scenario's share, Amdahl bound and measured speedup. No I/O, no
+timing: numbers in, numbers out (docs/method.md, "Three levels")."""
+
+from __future__ import annotations
+
+import math
+
+from casebook.check import TOLERANCE
+from casebook.schema import EndToEndLevel, shape_label
+from casebook.stats import weighted_geomean
+
+REGRESSION = 0.98
+"""A workload speedup under this counts as a regression (2% allows for run-to-run noise)."""
+
+SHARE_MAX = 1.05
+"""The kernel's share of its scenario past which the timings are disturbed: the kernel alone cannot take
+longer than the computation it is part of."""
+
+
+def speedups(points: list[dict], baseline: str) -> list[float | None]:
+    """Each point's speedup: the baseline's median at the same shape and dtype over its own; None where either
+    is untimed."""
+    base = {(shape_label(p["shape"]), p["dtype"]): p.get("median_us") for p in points if p["variant"] == baseline}
+    out = []
+    for p in points:
+        b = base.get((shape_label(p["shape"]), p["dtype"]))
+        out.append(b / p["median_us"] if b and p.get("median_us") else None)
+    return out
+
+
+def workload_summary(points: list[dict], baseline: str) -> list[dict]:
+    """Per variant over the workload's points (each with `speedup` and `weight`): shapes, how many timed, and
+    where every shape is timed, the weighted geomean, the worst shape and the regressions."""
+    out = []
+    for name in dict.fromkeys(p["variant"] for p in points):
+        mine = [p for p in points if p["variant"] == name]
+        timed = [p for p in mine if p.get("speedup")]
+        row = {"variant": name, "shapes": len(mine), "timed": len(timed)}
+        if timed and len(timed) == len(mine):
+            worst = min(timed, key=lambda p: p["speedup"])
+            row.update(geomean_speedup=weighted_geomean([p["speedup"] for p in timed], [p["weight"] for p in timed]),
+                       worst_speedup=worst["speedup"], worst_shape=worst["shape"],
+                       regressions=[p["shape"] for p in timed if p["speedup"] < REGRESSION and name != baseline])
+        out.append(row)
+    return out
+
+
+def amdahl(share: float, kernel_speedup: float) -> float:
+    """The scenario's speedup when a kernel that takes `share` of it gets `kernel_speedup` faster."""
+    return 1 / ((1 - share) + share / kernel_speedup)
+
+
+def rel_diff(a: list[float], b: list[float]) -> float:
+    """||a - b|| / ||a||: how far two scenario fingerprints differ."""
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    return num / (math.sqrt(sum(x * x for x in a)) or 1.0)
+
+
+def end_to_end(spec: EndToEndLevel, runs: dict, on_gpu: bool) -> dict:
+    """Level 3 from the scenario's timings of the baseline and the variant (`runs`, by variant name): the
+    kernel's share of the baseline, the kernel speedup, Amdahl's bound and the measured speedup, and whether
+    the two scenarios' outputs agree."""
+    doc = {"description": spec.description, "shape": spec.shape if on_gpu else spec.cpu_shape, "dtype": spec.dtype,
+           "baseline": spec.baseline, "variant": spec.variant}
+    base, var = runs.get(spec.baseline), runs.get(spec.variant)
+    if not base or base.get("status") != "ok":
+        return {**doc, "status": "skipped" if base is None else "failed",
+                "error": (base or {}).get("error", f"baseline {spec.baseline} cannot be timed here")}
+    share = base["kernel_us"] / base["scenario_us"]
+    doc.update(baseline_us=base["scenario_us"], baseline_kernel_us=base["kernel_us"], kernel_share=share)
+    if share > SHARE_MAX:
+        return {**doc, "status": "failed",
+                "error": f"kernel share {share:.0%} of the scenario: timings disturbed (a loaded machine?); run again"}
+    if not var or var.get("status") != "ok":
+        return {**doc, "status": "partial",
+                "error": (var or {}).get("error", f"variant {spec.variant} cannot be timed here")}
+    kernel_speedup = base["kernel_us"] / var["kernel_us"]
+    bound = amdahl(share, kernel_speedup)
+    measured = base["scenario_us"] / var["scenario_us"]
+    diff = rel_diff(base["fingerprint"], var["fingerprint"])
+    agree = diff <= 2 * TOLERANCE[spec.dtype]
+    doc.update(status="ok" if agree else "failed", variant_us=var["scenario_us"], variant_kernel_us=var["kernel_us"],
+               kernel_speedup=kernel_speedup, amdahl_speedup=bound, measured_speedup=measured,
+               gap=measured / bound - 1, outputs_rel_diff=diff)
+    if not agree:
+        doc["error"] = f"scenario outputs differ between {spec.baseline} and {spec.variant} by {diff:.3g}"
+    return doc
