@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from casebook.load import load_case
 from casebook.run import placement
+from casebook.schema import Case
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 GAP_FLAG = 0.10
@@ -41,13 +41,12 @@ def _numel(shape: dict) -> int:
     return n
 
 
-def read(case_path: Path, doc: dict, progress: Callable[[str], None] = print) -> list[dict]:
+def read(case: Case, doc: dict, progress: Callable[[str], None] = print) -> list[dict]:
     """Modelled against measured DRAM bytes for every variant that runs on the GPU, at one large shape."""
     ncu = shutil.which("ncu") or next((str(p) for p in Path("/opt/nvidia").glob("nsight-compute/*/ncu")), None)
     if ncu is None or doc["hardware"]["kind"] != "gpu":
         progress("counters: Nsight Compute (ncu) not found or no GPU here; skipped")
         return []
-    case = load_case(case_path)
     shape, dtype = _counters_shape(case), case.levels.kernel.dtypes[0]
     rows = []
     measured_here = {v["name"] for v in doc["variants"] if v.get("device") == "cuda"}

@@ -103,11 +103,13 @@ def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
 
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
              progress: Progress | None = None, ceilings: dict | None = None,
-             checkpoint: Callable[[dict], None] | None = None) -> dict:
+             checkpoint: Callable[[dict], None] | None = None, counters: bool = False) -> dict:
     """Run one case end to end and return the result document (not yet stored).
 
     `checkpoint`, if given, receives the document as it stands after each variant (marked
-    `complete: false`), so a run cut short by a time limit still leaves what it measured.
+    `complete: false`), so a run cut short by a time limit still leaves what it measured. With `counters`,
+    the DRAM bytes of each GPU variant under Nsight Compute (`casebook.counters`), read after the run is
+    complete and handed to `checkpoint` once more: a profiler cut short loses nothing else.
     """
     progress = progress or (lambda event, info: None)
     case = load_case(path)
@@ -132,7 +134,15 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     with Worker(oracle_work, variant_env(interpreted=False, devices=case.kernel.devices)) as run["oracle"]:
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)  # one oracle: it runs no variant
     run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
-    return assemble(run, protocol, groups, outcomes, complete=True)
+    doc = assemble(run, protocol, groups, outcomes, complete=True)
+    if counters:
+        from casebook import counters as counters_mod
+
+        doc["command"] += " --counters"
+        if checkpoint is not None:
+            checkpoint(doc)
+        doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: progress("note", {"message": msg}))
+    return doc
 
 
 def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:

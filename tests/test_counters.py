@@ -7,6 +7,7 @@ import json
 import subprocess
 
 from casebook import counters
+from casebook.load import load_case
 
 from conftest import SOFTMAX as CASE
 
@@ -37,7 +38,7 @@ def test_counters_sum_kernels_flag_gaps_and_record_what_does_not_apply(monkeypat
     doc = {"hardware": {"kind": "gpu"},
            "variants": [{"name": n, "device": "cuda"}
                         for n in ("eager", "torch_softmax", "triton_onepass", "triton_online")]}
-    rows = {r["variant"]: r for r in counters.read(CASE, doc, progress=lambda msg: None)}
+    rows = {r["variant"]: r for r in counters.read(load_case(CASE), doc, progress=lambda msg: None)}
 
     assert set(rows) == {"eager", "torch_softmax", "triton_onepass", "triton_online"}  # only what ran on the GPU
     assert rows["eager"]["kernels"] == 5 and rows["eager"]["measured_bytes"] == 4.2e9

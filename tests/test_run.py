@@ -394,6 +394,25 @@ def test_checkpoint_after_each_variant_but_the_last(tmp_path, monkeypatch):
     assert all(d["complete"] is False for d in seen)
 
 
+def test_a_counters_stage_cut_short_leaves_the_measured_run_complete(monkeypatch):
+    """The profiler comes after the measurement, and the complete run is handed to `checkpoint` before it: a
+    time limit that ends the run under ncu (a chain of 88 kernels a call, a compile under the profiler) still
+    leaves the run, complete, to `record`."""
+    from casebook import counters
+    from casebook import run as run_mod
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # the SIGTERM of a time limit, as the run sees it
+
+    seen: list[dict] = []
+    stub_children(monkeypatch)
+    monkeypatch.setattr(counters, "read", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_mod.run_case(SOFTMAX, checkpoint=seen.append, counters=True)
+    assert seen[-1]["complete"] is True and seen[-1]["command"].endswith(" --counters")
+    assert len(seen[-1]["variants"]) == len(load_case(SOFTMAX).kernel.variants)
+
+
 def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
     """A case edited while its run goes on: the result names the file that started the run, so
     `casebook check` calls it stale instead of current."""
@@ -461,26 +480,3 @@ def test_the_report_of_a_model_without_flops_states_the_declared_intensity(capsy
 
     command._intensity({"shape": {"n": 1024}, "dtype": "bf16", "modelled": 0.0, "declared": 0.0})
     assert "gives 0 FLOP/byte, the case declares 0" in capsys.readouterr().out
-
-
-def test_a_counters_stage_cut_short_leaves_the_measured_run_complete(tmp_path, monkeypatch):
-    """`run --counters`: the profiler comes after the measurement, and a time limit that ends it there (ncu
-    on a chain of 88 kernels a call, a compile under ncu) still leaves the run, complete, to `record`."""
-    from casebook import counters, hardware, run
-    from casebook.commands import run as command
-
-    stored = json.loads((REPO / "results/cpu-amd-epyc-2c-24g/rmsnorm.json").read_text())
-    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
-    monkeypatch.setattr(run, "run_case", lambda *a, **k: dict(stored))
-
-    def killed(*a, **k):
-        raise KeyboardInterrupt  # the SIGTERM of a time limit, as the CLI sees it
-
-    monkeypatch.setattr(counters, "read", killed)
-    with pytest.raises(KeyboardInterrupt):
-        command.measure(REPO / "cases/rmsnorm.yaml", variants=None, quick=False, counters=True, timeout=60,
-                        argv=["casebook", "run", "cases/rmsnorm.yaml", "--counters"], progress=None, say=print)
-    kept = list(tmp_path.rglob("*.json*"))
-    assert [p.suffix for p in kept] == [".json"], kept
-    doc = json.loads(kept[0].read_text())
-    assert doc["complete"] is True and doc["command"] == "casebook run cases/rmsnorm.yaml --counters"

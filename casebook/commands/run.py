@@ -132,15 +132,16 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
     def checkpoint(partial: dict) -> None:
         results.save_as(partial, results.run_path(results.runs_dir(), partial))
 
-    doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=progress, checkpoint=checkpoint,
-                       ceilings=ceilings)
+    def noted(event: str, info: dict) -> None:
+        if event == "note":
+            say(info["message"])
+        elif progress is not None:
+            progress(event, info)
+
+    doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted, checkpoint=checkpoint,
+                       ceilings=ceilings, counters=counters)
     if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
         doc["argv"], doc["command"] = list(argv), shlex.join(argv)
-    if counters:
-        from casebook import counters as counters_mod
-
-        keep(doc)  # the measured run, complete, before the profiler: counters cut short lose nothing else
-        doc["counters"] = counters_mod.read(case, doc, progress=say)
     return doc
 
 
