@@ -37,7 +37,12 @@ class Roofs:
     @property
     def ridge_point(self) -> float:
         """FLOP per byte at which the compute and bandwidth roofs meet."""
-        return self.compute_tflops * 1e12 / (self.bandwidth_gbps * 1e9)
+        return ridge_point(self.compute_tflops, self.bandwidth_gbps)
+
+
+def ridge_point(compute_tflops: float, bandwidth_gbps: float) -> float:
+    """FLOP per byte at which a compute roof (TFLOP/s) and a bandwidth roof (GB/s) meet."""
+    return compute_tflops * 1e3 / bandwidth_gbps
 
 
 @dataclass(frozen=True)

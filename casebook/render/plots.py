@@ -18,6 +18,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator, PercentFormatter  # noqa: E402
 
+from casebook.roofline import ridge_point  # noqa: E402
+
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#8C6D1F", "#000000"]
 BASELINE_GREY = "#7f7f7f"
@@ -108,7 +110,7 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
     groups = _ceiling_groups(roofs.get("compute_tflops") or {})
     top = max(groups) if groups else None
     if bw:
-        ridge_hi = top * 1e3 / bw if top else x_hi
+        ridge_hi = ridge_point(top, bw) if top else x_hi
         xs = [x_lo, min(ridge_hi, x_hi)]
         ax.plot(xs, [bw * x / 1e3 for x in xs], **style, zorder=2)
         if labels:
@@ -121,7 +123,7 @@ def _roofs(ax, roofs: dict, x_lo: float, x_hi: float, *, faint: bool, label: str
                               ha=ha, va="bottom" if faint else "top", rotation_mode="anchor", **text)
             ann.casebook_slope = (xs[0], xs[0] * bw / 1e3, xs[1], xs[1] * bw / 1e3)
     for tf, dtypes in sorted(groups.items()):
-        ridge = tf * 1e3 / bw if bw else x_lo
+        ridge = ridge_point(tf, bw) if bw else x_lo
         ax.plot([max(ridge, x_lo), x_hi], [tf, tf], **style, zorder=2)
     if labels:
         # One label per ceiling, at its own height; ceilings closer than a label's height stack their
@@ -207,7 +209,7 @@ def roofline(data: dict) -> bytes:
     ais = [p["ai"] for p in points if p.get("ai")]
     ceilings = [c for c in (measured.get("compute_tflops") or {}).values() if c]
     bw = measured.get("bandwidth_gbps") or 1.0
-    ridge = max(ceilings) * 1e3 / bw if ceilings else 10.0
+    ridge = ridge_point(max(ceilings), bw) if ceilings else 10.0
     x_lo = min(ais + [ridge]) / 8
     x_hi = max(ais + [ridge]) * 8
     link = data.get("against") == "link"  # a multi-device case: the slope is the interconnect's
@@ -356,7 +358,7 @@ def atlas(data: dict) -> bytes:
     ais = [p["ai"] for p in points] or [1.0]
     ceilings = [c for c in (measured.get("compute_tflops") or {}).values() if c]
     bw = measured.get("bandwidth_gbps") or 1.0
-    ridge = max(ceilings) * 1e3 / bw if ceilings else 10.0
+    ridge = ridge_point(max(ceilings), bw) if ceilings else 10.0
     x_lo, x_hi = min(ais + [ridge]) / 8, max(ais + [ridge]) * 8
     fig = Figure(figsize=(10.5, 5.2))
     ax = fig.subplots()
@@ -392,7 +394,7 @@ def ceilings(data: dict) -> bytes:
     measured, datasheet = data["measured"], data.get("datasheet")
     all_ceilings = [c for r in (measured, datasheet or {}) for c in (r.get("compute_tflops") or {}).values() if c]
     bws = [r.get("bandwidth_gbps") for r in (measured, datasheet or {}) if r.get("bandwidth_gbps")] or [1.0]
-    ridges = [c * 1e3 / b for c in all_ceilings for b in bws] or [10.0]
+    ridges = [ridge_point(c, b) for c in all_ceilings for b in bws] or [10.0]
     x_lo, x_hi = min(ridges) / 30, max(ridges) * 10
     fig = Figure(figsize=(8, 3.8))
     ax = fig.subplots()
@@ -400,7 +402,7 @@ def ceilings(data: dict) -> bytes:
         _roofs(ax, datasheet, x_lo, x_hi, faint=True, label="datasheet", labels=False)
     _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured")
     mbw = measured.get("bandwidth_gbps")
-    ridges = sorted(((tf * 1e3 / mbw, tf) for tf in _ceiling_groups(measured.get("compute_tflops") or {})),
+    ridges = sorted(((ridge_point(tf, mbw), tf) for tf in _ceiling_groups(measured.get("compute_tflops") or {})),
                     reverse=True) if mbw else []
     labelled: list[float] = []
     for r, tf in ridges:

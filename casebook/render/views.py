@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from casebook.render import links, text
 from casebook.render.book import Book, Entry, StoredResult
 from casebook.render.figures import best_variant, link_gbps, measured_roofs
-from casebook.roofline import host_bound
+from casebook.roofline import host_bound, ridge_point
 from casebook.schema import Point
 
 
@@ -79,7 +79,7 @@ def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
     if not dtype or not _ok(bw) or not _ok(ai) or ai <= 0:
         return None
     compute = roofs["compute_tflops"][dtype]
-    r = compute * 1e3 / bw
+    r = ridge_point(compute, bw)
     return Ridge(stored.hardware_name, dtype, compute, bw, r, ai, "bandwidth" if ai < r else "compute",
                  max(r / ai, ai / r), "measured")
 
