@@ -65,13 +65,14 @@ def planned_points(case) -> int:
     return len(k.variants) * shapes
 
 
-def problems(path: Path, results_dir: Path | None = None) -> list[str]:
+def problems(path: Path, results_dir: Path | None = None, loaded: tuple | None = None) -> list[str]:
     """Every bad state of running the case at `path` here, one line each (empty: none found). `results_dir`:
-    where the run will be stored (`--save`), checked for room and permission."""
+    where the run will be stored (`--save`), checked for room and permission; `loaded`: the case and its
+    lines (`load.read_case`), where the caller has read them already."""
     from casebook.results import runs_dir
 
     try:
-        case, lines = read_case(path)
+        case, lines = loaded or read_case(path)
     except CaseError as e:
         return [str(p) for p in e.errors]
     out = []

@@ -103,16 +103,18 @@ def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
 
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
              progress: Progress | None = None, ceilings: dict | None = None,
-             checkpoint: Callable[[dict], None] | None = None, counters: bool = False) -> dict:
+             checkpoint: Callable[[dict], None] | None = None, counters: bool = False,
+             case: Case | None = None) -> dict:
     """Run one case end to end and return the result document (not yet stored).
 
     `checkpoint`, if given, receives the document as it stands after each variant (marked
     `complete: false`), so a run cut short by a time limit still leaves what it measured. With `counters`,
     the DRAM bytes of each GPU variant under Nsight Compute (`casebook.counters`), read after the run is
-    complete and handed to `checkpoint` once more: a profiler cut short loses nothing else.
+    complete and handed to `checkpoint` once more: a profiler cut short loses nothing else. `case`: the case
+    at `path`, where the caller has loaded it (it is loaded once a run).
     """
     progress = progress or (lambda event, info: None)
-    case = load_case(path)
+    case = case or load_case(path)
     ident = hardware.identify(devices=case.kernel.devices)
     on_gpu = ident["kind"] == "gpu"
     progress("ceilings", {"hardware": ident["name"]})

@@ -30,21 +30,21 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
     with `save`, also store it in `results_dir` (`casebook.commands.record`). `argv`, the command line as
     parsed, is stored with the run (every flag kept, for the page's Reproduce)."""
     from casebook.commands.validate import print_problems
-    from casebook.load import CaseError, load_case
+    from casebook.load import CaseError, read_case
 
     try:
-        load_case(case)
+        loaded = read_case(case)  # the one load of the run: preflight, the run and the counters take it
     except CaseError as e:
         print_problems(getattr(e, "errors", None) or [e], console)
         return 2
 
-    if why := preflight_problem(case, results_dir, save):
+    if why := preflight_problem(case, results_dir, save, loaded):
         console.print(Text(why, style="red"))
         return 2
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return _run(case, variants=variants, quick=quick, counters=counters, json_out=json_out,
-                    results_dir=results_dir, timeout=timeout, save=save, force=force, argv=argv)
+                    results_dir=results_dir, timeout=timeout, save=save, force=force, argv=argv, loaded=loaded[0])
     except Terminated:
         console.print("casebook run: terminated (SIGTERM); every child process ended, nothing stored", highlight=False)
         return 143
@@ -66,15 +66,15 @@ def _terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def preflight_problem(case: Path, results_dir: Path, save: bool) -> str | None:
+def preflight_problem(case: Path, results_dir: Path, save: bool, loaded: tuple | None = None) -> str | None:
     from casebook.preflight import problems
 
-    found = problems(case, results_dir if save else None)
+    found = problems(case, results_dir if save else None, loaded)
     return found[0] if found else None
 
 
 def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float, save: bool, force: bool, argv: list[str] | None) -> int:
+         timeout: float, save: bool, force: bool, argv: list[str] | None, loaded=None) -> int:
     from casebook import run
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -105,7 +105,7 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
         doc = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
-                      progress=progress, say=lambda msg: console.print(msg, highlight=False))
+                      progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded)
     if json_out:
         out.print_json(json.dumps(doc))
     else:
@@ -122,11 +122,12 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
 
 
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
-            progress, say, ceilings: dict | None = None) -> dict:
+            progress, say, ceilings: dict | None = None, loaded=None) -> dict:
     """One case's run (`casebook.run.run_case`), its counters if asked, the command line that made it: the
     result document, not yet kept. A checkpoint is kept after each variant but the last (`keep`), so a run
     cut short leaves what it measured. The same for one case here and for each case of a pool or a cluster
-    (`ceilings`: the machine's, measured once for a CPU pool's workers; else this device's, cached)."""
+    (`ceilings`: the machine's, measured once for a CPU pool's workers; else this device's, cached).
+    `loaded`: the case at `case`, where the caller has loaded it."""
     from casebook import results, run
 
     def checkpoint(partial: dict) -> None:
@@ -139,7 +140,7 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
             progress(event, info)
 
     doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted, checkpoint=checkpoint,
-                       ceilings=ceilings, counters=counters)
+                       ceilings=ceilings, counters=counters, case=loaded)
     if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
         doc["argv"], doc["command"] = list(argv), shlex.join(argv)
     return doc
