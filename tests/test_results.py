@@ -99,11 +99,11 @@ def test_missing_file(tmp_path):
 def test_older_version_is_migrated_in_memory(doc, tmp_path, monkeypatch):
     """With the format at version 2, a version-1 file loads through the 1 -> 2 migration; the file is untouched."""
     monkeypatch.setattr(results, "RESULT_SCHEMA_VERSION", 2)
-    monkeypatch.setitem(results.MIGRATIONS, 1, lambda d: {**d, "schema_version": 2, "migrated": True})
+    monkeypatch.setitem(results.MIGRATIONS, 1, lambda d: {**d, "schema_version": 2, "command": "migrated"})
     path = write(tmp_path, doc)
     before = path.read_text()
     r = load(path)
-    assert r.schema_version == 2 and r.model_extra["migrated"] is True
+    assert r.schema_version == 2 and r.command == "migrated"
     assert path.read_text() == before
 
 
