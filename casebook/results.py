@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -9,7 +10,26 @@ from pathlib import Path
 
 from casebook.schema import RESULT_SCHEMA_VERSION, Result
 
-MIGRATIONS: dict[int, callable] = {}
+
+def _points(doc: dict) -> list:
+    workload = doc.get("workload_level")
+    points = [*(doc.get("kernel_level") or []), *((workload.get("points") or []) if isinstance(workload, dict) else [])]
+    return [p for p in points if isinstance(p, dict)]
+
+
+def _v1_to_v2(doc: dict) -> dict:
+    """1 -> 2: every field declared, none undeclared allowed. Two keys of older writers that no field holds are
+    dropped: `rank` in a multi-device point (a rank's payload key that leaked into it) and the protocol's
+    `target_rse` (the normal-theory stopping rule that `target_ci` replaced)."""
+    doc = copy.deepcopy(doc)
+    for p in _points(doc):
+        p.pop("rank", None)
+    if isinstance(doc.get("protocol"), dict):
+        doc["protocol"].pop("target_rse", None)
+    return {**doc, "schema_version": 2}
+
+
+MIGRATIONS: dict[int, callable] = {1: _v1_to_v2}
 """Result format migrations: version N -> a function that turns a version-N document into N+1."""
 
 

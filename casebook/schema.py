@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 SCHEMA_VERSION = 1
 """Current version of the case format. Older cases are migrated in memory; newer ones are refused."""
 
-RESULT_SCHEMA_VERSION = 1
-"""Current version of the result format."""
+RESULT_SCHEMA_VERSION = 2
+"""Current version of the result format. 2: every field declared (`Result`), none undeclared allowed; version 1
+is migrated in memory (`results.MIGRATIONS`)."""
 
 IDENT = r"^[a-z][a-z0-9_]*$"
 MAX_DEVICE_BYTES = 192 * 2**30
@@ -462,17 +463,99 @@ def _numel(dims: list[str], shape: dict[str, int]) -> int:
 # --- results ---------------------------------------------------------------------------------
 
 
-class Open(BaseModel):
-    """Base for result records: written by casebook, read back leniently across minor additions."""
+class Record(BaseModel):
+    """Base for result records: written by casebook; a field not declared here is an error.
 
-    model_config = ConfigDict(extra="allow")
+    Also read as the mapping of the fields the stored JSON gave (`get`, `[]`, `in`, `items`), as the
+    readers that took these records as dicts still do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def _given(self) -> dict[str, str]:
+        """{stored key: field name} of the fields set, in declaration order."""
+        return {f.alias or name: name for name, f in type(self).model_fields.items() if name in self.model_fields_set}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = self._given().get(key)
+        return default if name is None else getattr(self, name)
+
+    def __getitem__(self, key: str) -> Any:
+        name = self._given().get(key)
+        if name is None:
+            raise KeyError(key)
+        return getattr(self, name)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._given()
+
+    def __len__(self) -> int:
+        return len(self.model_fields_set)
+
+    def keys(self) -> list[str]:
+        return list(self._given())
+
+    def items(self) -> list[tuple[str, Any]]:
+        """The fields set, as plain JSON values (nested records as dicts)."""
+        return list(self.model_dump(exclude_unset=True).items())
+
+    def values(self) -> list[Any]:
+        return [v for _, v in self.items()]
 
 
-class Point(Open):
+ShapeDims = dict[str, int]
+"""A measured shape: dimension name to size, as the case gives it."""
+
+
+class GpuState(Record):
+    """A GPU's clocks and tenants, read after a point's timing (`interference.gpu_state`)."""
+
+    sm_clock_mhz: float = Field(description="SM clock, MHz.")
+    mem_clock_mhz: float = Field(description="Memory clock, MHz.")
+    other_processes: list[int] = Field(description="Pids of compute processes on the GPU that are not this run's.")
+
+
+class Interference(Record):
+    """What else the machine did over one timing window (`casebook.interference.Window`); absent where unread."""
+
+    window_s: float | None = Field(default=None, description="Length of the window, seconds.")
+    other_cpu_s: float | None = Field(
+        default=None, description="CPU seconds other processes used over the window (busy time less this run's).")
+    cpus: int | None = Field(default=None, description="CPUs the busy time was read over (those the process may "
+                                                       "run on).")
+    run_queue_wait_s: float | None = Field(
+        default=None, description="Seconds the timing thread waited, runnable, for a CPU over the window.")
+    load_average: list[float] | None = Field(default=None, description="1, 5 and 15 minute load averages at the "
+                                                                       "window's end.")
+    load_average_start: list[float] | None = Field(default=None, description="The load averages at its start.")
+    run_cpu_s: float | None = Field(
+        default=None, description="Multi-device runs: CPU seconds of the sibling ranks and their launcher, left "
+                                  "out of other_cpu_s.")
+    gpu: GpuState | None = Field(default=None, description="On a GPU: its clocks and other tenants after the timing.")
+
+
+class TrafficTerm(Record):
+    """One pass the traffic model counts."""
+
+    name: str = Field(description="What the pass is, e.g. `read x`.")
+    bytes: float = Field(description="Bytes it moves.")
+    flops: float = Field(description="FLOPs it does.")
+    link: bool | None = Field(default=None, description="True where its bytes cross the link between devices.")
+
+
+class Launches(Record):
+    """Kernels one call launches."""
+
+    direct: int = Field(description="Kernels launched directly.")
+    graph: int = Field(description="Kernels replayed inside a CUDA graph.")
+    counted: bool | None = Field(
+        default=None, description="On a GPU: whether the profiler counted them (else one direct launch is assumed).")
+
+
+class Point(Record):
     """One level-1 (or level-2) measurement of one variant at one shape and dtype."""
 
     variant: str = Field(description="Variant name.")
-    shape: dict[str, int] = Field(description="The shape measured.")
+    shape: ShapeDims = Field(description="The shape measured.")
     dtype: str = Field(description="The dtype measured.")
     status: Literal["ok", "failed", "crashed", "timeout", "checked", "skipped"] = Field(
         description="ok: checked and timed; failed: wrong answer; crashed/timeout: contained; checked: correct, not "
@@ -480,6 +563,8 @@ class Point(Open):
     )
     correct: bool | None = Field(default=None, description="Whether the output matched the float64 reference.")
     max_rel_err: float | None = Field(default=None, description="Largest normwise relative error over the checks.")
+    max_row_err: float | None = Field(default=None, description="Largest per-row relative error over the checks.")
+    checked_calls: int | None = Field(default=None, description="Calls whose outputs were checked (every rank's).")
     median_us: float | None = Field(default=None, description="Median time per call, microseconds.")
     median_ci_us: list[float] | None = Field(
         default=None, description="The median's 95% confidence interval (order statistics), microseconds.")
@@ -519,13 +604,13 @@ class Point(Open):
     rank_median_us: list[float] | None = Field(
         default=None, description="Multi-device cases: each rank's median time per call, microseconds, in rank "
                                   "order; the point's median_us (and its p10, p90) are the slowest rank's.")
-    rank_interference: list[dict[str, Any]] | None = Field(
+    rank_interference: list[Interference] | None = Field(
         default=None, description="Multi-device cases: each rank's reading of the machine over its timing (as "
                                   "`interference`, in rank order); the point is unstable where any rank's is over "
                                   "the bounds.")
     slowest_rank: int | None = Field(default=None, description="Multi-device cases: the rank whose times are the "
                                                                "point's (the largest of rank_median_us).")
-    interference: dict[str, Any] | None = Field(
+    interference: Interference | None = Field(
         default=None, description="What else the machine did over the repetitions: window_s, other_cpu_s (other "
                                  "processes' CPU seconds), cpus, run_queue_wait_s, load_average; in a multi-device "
                                  "run, run_cpu_s (the sibling ranks' and their launcher's CPU seconds, left out of "
@@ -539,9 +624,9 @@ class Point(Open):
                                   "the median.")
     timer: str | None = Field(default=None, description="What timed the repetitions: cuda events, or "
                                                         "time.perf_counter_ns on a CPU.")
-    traffic_terms: list[dict[str, Any]] | None = Field(
+    traffic_terms: list[TrafficTerm] | None = Field(
         default=None, description="The traffic model's terms: name, bytes and FLOPs of each pass it counts.")
-    launches: dict[str, Any] | None = Field(
+    launches: Launches | None = Field(
         default=None, description="Kernels a call launches, counted by the profiler: direct, in a CUDA graph, and "
                                   "whether they were counted (else assumed one).")
     compute_floor_us: float | None = Field(default=None, description="FLOPs over the compute roof, microseconds.")
@@ -571,16 +656,302 @@ class Point(Open):
     source: str | None = Field(default=None, description="Level 2: where the shape and its weight come from.")
 
 
-class ClaimOutcome(Open):
+class ClaimPairedTiming(Record):
+    """One point of a kernel-level speedup claim timed in alternation with the variant it is measured against."""
+
+    shape: ShapeDims = Field(description="The shape timed.")
+    dtype: str = Field(description="The dtype timed.")
+    status: str = Field(description="ok: timed.")
+    rounds_us: list[list[float]] = Field(description="Each round's two medians (the variant, then the other), "
+                                                     "microseconds.")
+    speedup: float = Field(description="Median over the rounds of the other's median over the variant's.")
+    speedup_min: float = Field(description="The least round's ratio.")
+    speedup_max: float = Field(description="The greatest round's ratio.")
+
+
+class ClaimOutcome(Record):
     """One claim checked against the measurements."""
 
     text: str = Field(description="The claim in words.")
-    kind: str = Field(description="The claim's kind: regime, roof_fraction, throughput or speedup.")
+    kind: str = Field(description="The claim's kind: regime, roof_fraction, throughput, latency or speedup.")
+    variant: str | None = Field(default=None, description="The variant the claim is about.")
     held: bool | None = Field(description="True held, False failed, None not applicable on this hardware.")
     detail: str = Field(description="The numbers behind the verdict.")
+    paired: list[ClaimPairedTiming] | None = Field(
+        default=None, description="Kernel-level speedup claims: the paired timing at each point, where every one "
+                                  "was timed; the verdict is on the worst.")
 
 
-class Result(Open):
+class Datasheet(Record):
+    """The hardware registry's entry for the device (`casebook/data/hardware.yaml`): leads, not ceilings."""
+
+    name: str = Field(description="The product's name.")
+    match: list[str] = Field(description="Substrings of the device name that select this entry.")
+    bandwidth_gbps: float | None = Field(default=None, description="Peak memory bandwidth, GB/s.")
+    memory_gb: float | None = Field(default=None, description="Device memory, GB.")
+    l2_mb: float | None = Field(default=None, description="L2 cache, MB.")
+    sm_count: int | None = Field(default=None, description="Streaming multiprocessors.")
+    peak_tflops: dict[str, float] | None = Field(default=None, description="Dense peak rate per dtype, TFLOP/s.")
+    link_gbps: float | None = Field(default=None, description="GPU-to-GPU link bandwidth one way, GB/s.")
+    source: str | None = Field(default=None, description="Where the figures come from.")
+
+
+class CeilingMethod(Record):
+    """How each ceiling was measured, in words."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True)
+
+    copy_: str = Field(alias="copy", description="The copy whose bytes read + written over its fastest time are "
+                                                 "copy_gbps.")
+    matmul: str = Field(description="The matmuls whose fastest rate is matmul_tflops.")
+    launch: str = Field(description="The tiny kernel whose cost is launch_us.")
+    graph_launch: str | None = Field(default=None, description="On a GPU: the CUDA graph whose per-kernel cost is "
+                                                               "graph_launch_us.")
+
+
+class Ceilings(Record):
+    """The machine's measured ceilings (`hardware.ceilings`): the roofs every point is placed under."""
+
+    copy_gbps: float = Field(description="Copy bandwidth, bytes read + written over the fastest copy, GB/s.")
+    matmul_tflops: dict[str, float] = Field(description="Fastest dense matmul rate per dtype, TFLOP/s.")
+    launch_us: float = Field(description="Cost of one back-to-back kernel launch (on a CPU, one tiny op call), "
+                                         "microseconds.")
+    graph_launch_us: float = Field(description="Cost of one kernel inside a replayed CUDA graph (on a CPU, as "
+                                               "launch_us), microseconds.")
+    method: CeilingMethod | None = Field(default=None, description="How each ceiling was measured.")
+    interference: Interference | None = Field(default=None, description="What else the machine did while they "
+                                                                        "were measured.")
+    unstable: list[str] | None = Field(default=None, description="Why they were measured on a busy machine (not "
+                                                                 "cached); absent: a quiet one.")
+    version: int | None = Field(default=None, description="Version of the ceilings' cache format.")
+    torch: str | None = Field(default=None, description="torch version they were measured with.")
+    slug: str | None = Field(default=None, description="The hardware they were measured on.")
+
+
+class MeasuredLink(Record):
+    """Multi-device cases: the devices and their link, measured before the run (`distributed.topology`)."""
+
+    devices: int = Field(description="Devices (ranks) the case runs on.")
+    backend: str | None = Field(default=None, description="torch.distributed backend: nccl or gloo.")
+    link: str | None = Field(default=None, description="The link between devices: `loopback` for CPU ranks, else "
+                                                       "what `nvidia-smi topo -m` says.")
+    message_bytes: int | None = Field(default=None, description="Size of the all-reduce timed, bytes.")
+    bus_gbps: float | None = Field(default=None, description="Bus bandwidth of the fastest all-reduce, GB/s: the "
+                                                             "link roof.")
+    method: str | None = Field(default=None, description="How it was measured, in words.")
+    error: str | None = Field(default=None, description="Why it was not measured.")
+
+
+class Hardware(Record):
+    """The machine that ran: its name, its datasheet entry, the ceilings measured on it."""
+
+    slug: str = Field(description="The hardware's name in results/ (with `-x<devices>` over one device).")
+    name: str = Field(description="The device's name (a CPU's model name).")
+    kind: Literal["gpu", "cpu"] = Field(description="gpu or cpu.")
+    datasheet: Datasheet | None = Field(default=None, description="The registry's entry, where one matches.")
+    cores: int | None = Field(default=None, description="CPU machines: logical CPUs.")
+    memory_gib: float | None = Field(default=None, description="CPU machines: installed memory, GiB.")
+    devices: int | None = Field(default=None, description="Multi-device cases: devices run together; absent: one.")
+    topology: MeasuredLink | None = Field(default=None, description="Multi-device cases: the devices and their link.")
+    measured: Ceilings = Field(description="The ceilings measured on this machine.")
+
+
+class Clocks(Record):
+    """The GPU's clocks, temperature and power at one moment, as nvidia-smi prints them; empty elsewhere."""
+
+    clocks_sm: str | None = Field(default=None, description="SM clock, MHz.")
+    clocks_mem: str | None = Field(default=None, description="Memory clock, MHz.")
+    temperature_gpu: str | None = Field(default=None, description="GPU temperature, degrees C.")
+    power_draw: str | None = Field(default=None, description="Power draw, W.")
+
+
+class DeviceIds(Record):
+    """Which device of the host ran."""
+
+    cuda_visible_devices: str | None = Field(default=None, description="`CUDA_VISIBLE_DEVICES` as set.")
+    uuid: str | None = Field(default=None, description="The GPU's UUID (nvidia-smi).")
+    pci_bus_id: str | None = Field(default=None, description="The GPU's PCI bus id (nvidia-smi).")
+
+
+class Environment(Record):
+    """Software and device versions, clocks and load: what a reproduction needs (`hardware.environment`)."""
+
+    python: str = Field(description="Python version.")
+    platform: str = Field(description="`platform.platform()`: OS, kernel, libc.")
+    torch: str = Field(description="torch version.")
+    cuda: str | None = Field(default=None, description="CUDA version torch was built with; absent: a CPU build.")
+    cpu: str = Field(description="The host CPU's model name.")
+    cpu_count: int | None = Field(default=None, description="Logical CPUs of the host.")
+    triton: str | None = Field(default=None, description="Triton version; absent: not installed.")
+    casebook_commit: str | None = Field(default=None, description="git HEAD of casebook; absent outside a checkout.")
+    casebook_dirty: bool | None = Field(default=None, description="Whether the checkout had uncommitted changes.")
+    casebook_sha256: str | None = Field(default=None, description="sha256 over casebook's own Python sources.")
+    device_name: str | None = Field(default=None, description="GPU: the device's name.")
+    sm_count: int | None = Field(default=None, description="GPU: streaming multiprocessors.")
+    memory_gb: float | None = Field(default=None, description="GPU: device memory, GB.")
+    l2_mb: float | None = Field(default=None, description="GPU: L2 cache, MiB.")
+    capability: str | None = Field(default=None, description="GPU: compute capability, e.g. `9.0`.")
+    driver_version: str | None = Field(default=None, description="GPU: driver version (nvidia-smi).")
+    clocks_max_sm: str | None = Field(default=None, description="GPU: maximum SM clock, MHz (nvidia-smi).")
+    clocks_max_mem: str | None = Field(default=None, description="GPU: maximum memory clock, MHz (nvidia-smi).")
+    power_limit: str | None = Field(default=None, description="GPU: power limit, W (nvidia-smi).")
+    device: DeviceIds | None = Field(default=None, description="Which device of the host ran.")
+    clocks_start: Clocks = Field(description="GPU clocks as the run started.")
+    load_average_start: list[float] | None = Field(default=None, description="1, 5, 15 minute load averages at the "
+                                                                             "start.")
+    cpu_threads: int | None = Field(default=None, description="Threads torch's CPU path ran with in every child.")
+    clocks_end: Clocks = Field(description="GPU clocks as it finished.")
+    load_average_end: list[float] | None = Field(default=None, description="The load averages at the end.")
+
+
+class TimingProtocol(Record):
+    """How the points were timed and checked: `bench.Protocol` with the case's cache and graph, and the rules."""
+
+    cache: str = Field(description="cold: caches flushed before each repetition; warm: not.")
+    graph: bool = Field(description="Whether each call is replayed in a CUDA graph.")
+    warmup_ms: float = Field(description="Warm-up before timing, milliseconds.")
+    min_reps: int = Field(description="Fewest timed repetitions.")
+    max_reps: int = Field(description="Most timed repetitions.")
+    target_ci: float | None = Field(
+        default=None, description="Repetitions stop once the median's 95% CI is within this fraction of it (absent "
+                                  "in results timed under the older rule).")
+    time_cap_s: float = Field(description="Most time spent timing one point, seconds.")
+    statistic: str = Field(description="The statistic reported: median.")
+    host_slack_us: float | None = Field(
+        default=None, description="Device-side delay before each GPU call, microseconds; absent: enough to hide "
+                                  "the call's host time.")
+    rank_barrier: bool | None = Field(default=None, description="Multi-device cases: whether ranks meet at a "
+                                                                "barrier before each repetition.")
+    timer: str = Field(description="cuda events, or time.perf_counter_ns on a CPU.")
+    seed: int = Field(description="Base seed of the inputs.")
+    tolerances: dict[str, float] = Field(description="Normwise relative error allowed, per dtype.")
+    row_tolerances: dict[str, float] | None = Field(default=None, description="Per-row relative error allowed, per "
+                                                                             "dtype.")
+    isolation: str = Field(description="How variants are kept apart, in words.")
+    correctness: str = Field(description="How outputs are checked, in words.")
+    ranks: str | None = Field(default=None, description="Multi-device cases: how the ranks time a point, in words.")
+    host_slack: str | None = Field(default=None, description="GPU: the device-side delay's rule, in words.")
+    host_issue: str | None = Field(default=None, description="GPU: how host_issue_us is measured, in words.")
+    l2_flush: str | None = Field(default=None, description="GPU, cold cache: how L2 is flushed, in words.")
+    l2_flush_bytes: int | None = Field(default=None, description="GPU: bytes written to flush L2.")
+
+
+class VariantOutcome(Record):
+    """One variant on this machine: where it ran and how."""
+
+    name: str = Field(description="Variant name.")
+    note: str = Field(description="The case's one line on what it changes.")
+    backends: list[str] = Field(description="The backends it declares.")
+    device: str | None = Field(description="Where it ran: cuda or cpu; absent: it cannot run here.")
+    mode: Literal["timed", "checked", "skipped"] = Field(
+        description="timed: checked and timed; checked: correct, not timed here; skipped: no backend here.")
+    first_call_s: float | None = Field(default=None, description="Its first call at its first shape (JIT, "
+                                                                 "autotuning, compilation), seconds.")
+    first_call_s_max: float | None = Field(default=None, description="The longest first call over its shapes, "
+                                                                     "seconds.")
+
+
+class WorkloadSummary(Record):
+    """One variant over the weighted shape distribution."""
+
+    variant: str = Field(description="Variant name.")
+    shapes: int = Field(description="Shapes in the distribution.")
+    timed: int = Field(description="Shapes with a speedup over the baseline.")
+    geomean_speedup: float | None = Field(default=None, description="Weighted geometric mean of the speedups; "
+                                                                    "absent unless every shape was timed.")
+    worst_speedup: float | None = Field(default=None, description="The least speedup.")
+    worst_shape: ShapeDims | None = Field(default=None, description="The shape of the least speedup.")
+    regressions: list[ShapeDims] | None = Field(default=None, description="Shapes slower than the baseline (speedup "
+                                                                          "under 0.98).")
+
+
+class WorkloadResult(Record):
+    """Level 2: the weighted shape distribution, measured."""
+
+    dtype: str = Field(description="The dtype measured.")
+    description: str = Field(description="The case's words on the distribution.")
+    points: list[Point] = Field(description="Every variant at every shape, with its weight.")
+    summary: list[WorkloadSummary] = Field(description="Each variant over the distribution.")
+
+
+class EndToEndResult(Record):
+    """Level 3: the scenario timed with the baseline and with the variant, beside Amdahl's prediction."""
+
+    description: str = Field(description="The case's words on the scenario.")
+    shape: ShapeDims = Field(description="The scenario's shape.")
+    dtype: str = Field(description="The scenario's dtype.")
+    baseline: str = Field(description="The baseline variant.")
+    variant: str = Field(description="The variant set against it.")
+    status: Literal["ok", "failed", "partial", "skipped"] = Field(
+        description="ok: both timed and outputs agree; partial: the baseline only; failed; skipped: not timed here.")
+    error: str | None = Field(default=None, description="What went wrong, when status is not ok.")
+    baseline_us: float | None = Field(default=None, description="The scenario with the baseline, microseconds.")
+    baseline_kernel_us: float | None = Field(default=None, description="The baseline kernel alone, microseconds.")
+    kernel_share: float | None = Field(default=None, description="baseline_kernel_us over baseline_us.")
+    variant_us: float | None = Field(default=None, description="The scenario with the variant, microseconds.")
+    variant_kernel_us: float | None = Field(default=None, description="The variant kernel alone, microseconds.")
+    kernel_speedup: float | None = Field(default=None, description="baseline_kernel_us over variant_kernel_us.")
+    amdahl_speedup: float | None = Field(default=None, description="The scenario's speedup Amdahl's law predicts "
+                                                                   "from kernel_share and kernel_speedup.")
+    measured_speedup: float | None = Field(default=None, description="baseline_us over variant_us.")
+    gap: float | None = Field(default=None, description="measured_speedup over amdahl_speedup, less 1.")
+    outputs_rel_diff: float | None = Field(default=None, description="Relative difference of the two scenarios' "
+                                                                     "outputs.")
+
+
+class CounterRow(Record):
+    """One variant's DRAM bytes under Nsight Compute against the traffic model (`casebook.counters`)."""
+
+    variant: str = Field(description="Variant name.")
+    shape: ShapeDims = Field(description="The shape profiled.")
+    dtype: str = Field(description="The dtype profiled.")
+    modelled_bytes: float | None = Field(default=None, description="Bytes the traffic model counts.")
+    measured_bytes: float | None = Field(default=None, description="DRAM bytes read + written, summed over the "
+                                                                   "call's kernels.")
+    read_bytes: float | None = Field(default=None, description="DRAM bytes read.")
+    write_bytes: float | None = Field(default=None, description="DRAM bytes written.")
+    kernels: int | None = Field(default=None, description="Kernels profiled in the call.")
+    gap: float | None = Field(default=None, description="measured_bytes over modelled_bytes, less 1.")
+    flagged: bool | None = Field(default=None, description="Whether the gap is over 10%.")
+    not_applicable: str | None = Field(default=None, description="The variant's own word that it does not cover "
+                                                                 "this shape.")
+    error: str | None = Field(default=None, description="Why no counters were read.")
+
+
+class StabilityBounds(Record):
+    """The bounds a point is judged stable by (`casebook.stability`)."""
+
+    spread_ratio_max: dict[str, float] = Field(description="Largest p90 / p10 of a point's repetitions, per device.")
+    other_cpu_max_cores: float = Field(description="Most CPU other processes may use over a timing, cores.")
+    run_queue_wait_max: float = Field(description="Most of a timing its thread may wait for a CPU, a fraction.")
+    min_window_s: float = Field(description="Shortest window other processes' CPU is judged over, seconds.")
+
+
+class StabilitySummary(Record):
+    """The timed points judged, how many unstable, the busiest readings, the bounds."""
+
+    points: int = Field(description="Timed points judged.")
+    unstable: int = Field(description="Of them, unstable.")
+    other_cores_max: float | None = Field(default=None, description="Most cores other processes used over a timing.")
+    run_queue_wait_max: float | None = Field(default=None, description="Largest fraction of a timing spent waiting "
+                                                                       "for a CPU.")
+    bounds: StabilityBounds = Field(description="The bounds they were judged by.")
+
+
+class IntensityCheck(Record):
+    """The case's declared arithmetic intensity beside its traffic model's, at one shape and dtype."""
+
+    shape: ShapeDims = Field(description="The case's first level-1 shape.")
+    dtype: str = Field(description="Its first dtype.")
+    declared: float | None = Field(default=None, description="The case's declared FLOPs per byte.")
+    tolerance: float = Field(description="Largest relative difference not flagged.")
+    modelled: float | None = Field(default=None, description="The traffic model's FLOPs per byte.")
+    difference: float | None = Field(default=None, description="declared over modelled, less 1.")
+    flagged: bool | None = Field(default=None, description="Whether the difference is over the tolerance.")
+    error: str | None = Field(default=None, description="Why the model gave no intensity.")
+
+
+class Result(Record):
     """What one `casebook run` measured, with everything needed to trust and reproduce it."""
 
     schema_version: int = Field(description="Version of the result format.")
@@ -598,21 +969,21 @@ class Result(Open):
     kernel_modules: list[str] | None = Field(
         default=None, description="Kernel modules the run's children imported beyond the static imports of its "
                                   "module (imported at run time): `kernel_sha256` covers them too.")
-    hardware: dict[str, Any] = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
-    environment: dict[str, Any] = Field(description="Versions, driver, clocks: what a reproduction needs.")
-    protocol: dict[str, Any] = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, "
+    hardware: Hardware = Field(description="The device: name, slug, datasheet peaks and measured ceilings.")
+    environment: Environment = Field(description="Versions, driver, clocks: what a reproduction needs.")
+    protocol: TimingProtocol = Field(description="How it was timed and checked: warm-up, repetitions, cache, timer, "
                                                  "tolerances.")
-    variants: list[dict[str, Any]] = Field(description="Each variant's outcome on this machine.")
+    variants: list[VariantOutcome] = Field(description="Each variant's outcome on this machine.")
     kernel_level: list[Point] = Field(description="Level 1: every variant at every shape and dtype.")
-    workload_level: dict[str, Any] = Field(description="Level 2: the weighted shape distribution and its summary.")
-    end_to_end: dict[str, Any] = Field(description="Level 3: the scenario with the baseline and the variant.")
-    counters: list[dict[str, Any]] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if "
+    workload_level: WorkloadResult = Field(description="Level 2: the weighted shape distribution and its summary.")
+    end_to_end: EndToEndResult = Field(description="Level 3: the scenario with the baseline and the variant.")
+    counters: list[CounterRow] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if "
                                                                              "asked.")
     claims: list[ClaimOutcome] = Field(description="Each claim and whether it held.")
-    arithmetic_intensity: dict[str, Any] | None = Field(
+    arithmetic_intensity: IntensityCheck | None = Field(
         default=None, description="The case's declared arithmetic intensity beside its traffic model's at the first "
                                  "level-1 shape and dtype: shape, dtype, declared, modelled, difference, flagged.")
-    stability: dict[str, Any] | None = Field(
+    stability: StabilitySummary | None = Field(
         default=None, description="Timed points judged, how many unstable, the busiest readings, the bounds.")
     started_at: str = Field(description="UTC start time, ISO 8601.")
     finished_at: str = Field(description="UTC finish time, ISO 8601.")

@@ -21,6 +21,29 @@ SLOW_FIXTURES = frozenset({"built", "plot_cache", "cheats_run", "payloads"})
 """Fixtures that build the site or run child processes: every test using one is marked `slow`."""
 
 
+def empty_result(slug: str = "nvidia-h200", measured: dict | None = None, **fields) -> dict:
+    """A result with nothing measured in it, valid in the result model: every required field at its least."""
+    from casebook.schema import RESULT_SCHEMA_VERSION
+
+    return {
+        "schema_version": RESULT_SCHEMA_VERSION, "case_id": "toy", "case_sha256": "0" * 64, "kernel_sha256": "0" * 64,
+        "command": "casebook run cases/toy.yaml", "started_at": "2026-12-01T00:00:00+00:00",
+        "finished_at": "2026-12-01T00:01:00+00:00",
+        "hardware": {"slug": slug, "name": slug, "kind": "gpu",
+                     "measured": measured or {"copy_gbps": 1000.0, "matmul_tflops": {"bf16": 100.0}, "launch_us": 5.0,
+                                              "graph_launch_us": 2.0}},
+        "environment": {"python": "3.11", "platform": "Linux", "torch": "2.5", "cpu": "x86-64", "clocks_start": {},
+                        "clocks_end": {}},
+        "protocol": {"cache": "cold", "graph": False, "warmup_ms": 25.0, "min_reps": 10, "max_reps": 2000,
+                     "time_cap_s": 1.0, "statistic": "median", "timer": "cuda events", "seed": 0, "tolerances": {},
+                     "isolation": "one child process per variant", "correctness": "float64 reference"},
+        "variants": [], "kernel_level": [],
+        "workload_level": {"dtype": "bf16", "description": "none", "points": [], "summary": []},
+        "end_to_end": {"description": "none", "shape": {}, "dtype": "bf16", "baseline": "base", "variant": "base",
+                       "status": "skipped"},
+        "claims": [], **fields}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):

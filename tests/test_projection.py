@@ -8,6 +8,8 @@ from casebook.commands import project as command
 from casebook.projection import ProjectionError, project
 from casebook.schema import Result
 
+from conftest import empty_result
+
 REGISTRY = {
     "gpu-a": {"name": "GPU A", "bandwidth_gbps": 1000, "sm_count": 100, "peak_tflops": {"bf16": 100.0}},
     "gpu-b": {"name": "GPU B", "bandwidth_gbps": 4000, "sm_count": 200, "peak_tflops": {"bf16": 400.0}},
@@ -20,14 +22,13 @@ def point(variant, regime, median_us, flops, moved, roof_fraction, **extra):
 
 
 def result(slug="gpu-a", points=(), copy_gbps=800.0, tflops=80.0):
-    return Result.model_validate({
-        "schema_version": 1, "case_id": "toy", "case_sha256": "0", "kernel_file": "toy.py", "kernel_sha256": "0",
-        "measurement_sha256": "0", "command": "casebook run cases/toy.yaml", "complete": True,
-        "started_at": "2026-12-02T00:00:00+00:00", "finished_at": "2026-12-02T00:01:00+00:00",
-        "hardware": {"slug": slug, "name": slug, "kind": "gpu", "datasheet": REGISTRY[slug],
-                     "measured": {"copy_gbps": copy_gbps, "matmul_tflops": {"bf16": tflops}, "launch_us": 5.0}},
-        "environment": {}, "protocol": {}, "variants": [], "workload_level": {}, "end_to_end": {}, "claims": [],
-        "kernel_level": list(points)})
+    doc = empty_result(slug, {"copy_gbps": copy_gbps, "matmul_tflops": {"bf16": tflops}, "launch_us": 5.0,
+                              "graph_launch_us": 2.0},
+                       case_sha256="0", kernel_file="toy.py", kernel_sha256="0", measurement_sha256="0", complete=True,
+                       started_at="2026-12-02T00:00:00+00:00", finished_at="2026-12-02T00:01:00+00:00",
+                       kernel_level=list(points))
+    doc["hardware"]["datasheet"] = {**REGISTRY[slug], "match": [slug]}
+    return Result.model_validate(doc)
 
 
 # A bandwidth-bound point on gpu-a: 8e9 bytes at the measured 800 GB/s is a 10,000 us floor; it ran
@@ -89,7 +90,7 @@ def test_refusals():
     with pytest.raises(ProjectionError, match="measured there"):
         project(result(points=[BANDWIDTH]), "gpu-a", REGISTRY)
     cpu = result(points=[BANDWIDTH])
-    cpu.hardware["datasheet"] = None
+    cpu.hardware.datasheet = None
     with pytest.raises(ProjectionError, match="GPU results only"):
         project(cpu, "gpu-b", REGISTRY)
 

@@ -97,13 +97,29 @@ def test_missing_file(tmp_path):
 
 
 def test_older_version_is_migrated_in_memory(doc, tmp_path, monkeypatch):
-    """With the format at version 2, a version-1 file loads through the 1 -> 2 migration; the file is untouched."""
-    monkeypatch.setattr(results, "RESULT_SCHEMA_VERSION", 2)
-    monkeypatch.setitem(results.MIGRATIONS, 1, lambda d: {**d, "schema_version": 2, "migrated": True})
+    """With the format one version on, a file of today's version loads through the migration; the file is untouched."""
+    now = RESULT_SCHEMA_VERSION
+    monkeypatch.setattr(results, "RESULT_SCHEMA_VERSION", now + 1)
+    monkeypatch.setitem(results.MIGRATIONS, now, lambda d: {**d, "schema_version": now + 1, "command": "migrated"})
     path = write(tmp_path, doc)
     before = path.read_text()
     r = load(path)
-    assert r.schema_version == 2 and r.model_extra["migrated"] is True
+    assert r.schema_version == now + 1 and r.command == "migrated"
+    assert path.read_text() == before
+
+
+def test_version_1_drops_the_keys_no_field_holds(doc, tmp_path):
+    """1 -> 2: a multi-device point's leaked `rank` and the protocol's old `target_rse` go, in memory only."""
+    doc["schema_version"] = 1
+    doc["kernel_level"][0]["rank"] = 1
+    doc["workload_level"]["points"][0]["rank"] = 0
+    doc["protocol"]["target_rse"] = 0.01
+    path = write(tmp_path, doc)
+    before = path.read_text()
+    r = load(path)
+    assert r.schema_version == RESULT_SCHEMA_VERSION == 2
+    assert "rank" not in r.kernel_level[0] and "rank" not in r.workload_level.points[0]
+    assert "target_rse" not in r.protocol
     assert path.read_text() == before
 
 
@@ -166,3 +182,50 @@ def test_an_incomplete_run_is_a_checkpoint_beside_the_result_never_over_it(doc, 
     assert [p for p, _ in results.all_results(tmp_path)] == [path], "checkpoints are not published"
     save({**doc, "complete": True}, tmp_path)
     assert not partial.exists(), "a finished run removes its checkpoint"
+
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = sorted((REPO / "results").glob("*/*.json"))
+
+
+@pytest.mark.parametrize("where", [
+    pytest.param(lambda d: d["kernel_level"][0], id="point"),
+    pytest.param(lambda d: d["workload_level"]["points"][0], id="workload point"),
+    pytest.param(lambda d: d["hardware"], id="hardware"),
+    pytest.param(lambda d: d["hardware"]["measured"], id="ceilings"),
+    pytest.param(lambda d: d["variants"][0], id="variant outcome"),
+    pytest.param(lambda d: d["environment"], id="environment"),
+    pytest.param(lambda d: d["protocol"], id="protocol"),
+    pytest.param(lambda d: d["end_to_end"], id="end to end"),
+    pytest.param(lambda d: d, id="result"),
+])
+def test_an_undeclared_key_is_refused_on_save_and_named(doc, tmp_path, where):
+    where(doc)["surprise_us"] = 1.0
+    with pytest.raises(ValidationError, match=r"surprise_us\s+Extra inputs are not permitted"):
+        save(doc, tmp_path)
+    assert not list(tmp_path.rglob("*.json*")), "nothing is written"
+
+
+def test_an_undeclared_key_is_refused_on_load(doc, tmp_path):
+    doc["kernel_level"][0]["interference"] = {"window_s": 1.0, "surprise": 2}
+    with pytest.raises(ValidationError, match=r"kernel_level\.0\.interference\.surprise"):
+        load(write(tmp_path, doc))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[f"{p.parent.name}/{p.stem}" for p in COMMITTED])
+def test_each_committed_result_loads(path):
+    r = load(path)
+    assert r.schema_version == RESULT_SCHEMA_VERSION and r.kernel_level
+    assert r.hardware.slug == path.parent.name and r.case_id == path.stem
+
+
+def test_a_record_reads_as_the_mapping_it_was_stored_as():
+    """The readers that took these records as dicts: the keys stored, not every field declared."""
+    r = load(REPO / "results" / "nvidia-h200" / "softmax_fusion.json")
+    raw = json.loads((REPO / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
+    assert r.hardware.keys() == list(raw["hardware"]) and "topology" not in r.hardware
+    assert r.hardware.get("topology", "absent") == "absent" and r.hardware["measured"].copy_gbps > 0
+    assert dict(r.hardware.measured.method) == raw["hardware"]["measured"]["method"]
+    assert dict(r.environment.items()) == raw["environment"]
+    with pytest.raises(KeyError):
+        r.environment["cpu_threads"]

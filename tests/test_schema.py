@@ -71,3 +71,12 @@ def test_the_result_schema_refuses_a_point_without_its_variant():
     del result["kernel_level"][0]["variant"]
     with pytest.raises(jsonschema.ValidationError, match="'variant' is a required property"):
         jsonschema.validate(result, doc)
+
+
+def test_the_result_schema_refuses_an_undeclared_key():
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = json.loads(json_schema_text(result=True))
+    result = json.loads((REPO / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
+    result["hardware"]["measured"]["surprise_gbps"] = 1.0
+    with pytest.raises(jsonschema.ValidationError, match="'surprise_gbps' was unexpected"):
+        jsonschema.validate(result, doc)

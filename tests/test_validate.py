@@ -169,18 +169,14 @@ def test_validate_outside_the_book_says_where_it_looked(tmp_path, cli, monkeypat
 
 def store_result(path: Path, case_sha: str | None = None, kernel_sha: str | None = None) -> Path:
     """A result with nothing measured in it, valid in the result model, hashed to the case and kernel."""
-    from casebook.schema import RESULT_SCHEMA_VERSION
+    from conftest import empty_result
 
     result = path.parent.parent / "results" / "nvidia-h200" / f"{path.stem}.json"
     result.parent.mkdir(parents=True, exist_ok=True)
-    result.write_text(json.dumps({
-        "schema_version": RESULT_SCHEMA_VERSION, "case_id": path.stem,
-        "case_sha256": case_sha or provenance.case_sha256(path),
-        "kernel_sha256": kernel_sha or provenance.kernel_sha256("softmax_fusion"),
-        "hardware": {"slug": "nvidia-h200", "measured": {}}, "environment": {}, "protocol": {}, "variants": [],
-        "kernel_level": [], "workload_level": {"points": []}, "end_to_end": {}, "claims": [],
-        "started_at": "2026-12-01T00:00:00+00:00", "finished_at": "2026-12-01T00:01:00+00:00",
-        "command": f"casebook run cases/{path.stem}.yaml"}))
+    result.write_text(json.dumps(empty_result(
+        case_id=path.stem, case_sha256=case_sha or provenance.case_sha256(path),
+        kernel_sha256=kernel_sha or provenance.kernel_sha256("softmax_fusion"),
+        command=f"casebook run cases/{path.stem}.yaml")))
     return result
 
 
@@ -230,7 +226,8 @@ FAILED_POINT = {"variant": "triton_online", "shape": {"rows": 512, "cols": 1024}
 @pytest.mark.parametrize("extra, message", [
     ({"command": "casebook run cases/softmax_fusion.yaml --quick"},
      "is a --quick smoke run, not a result to publish; run without --quick"),
-    ({"variants": [{"name": "torch_softmax"}, {"name": "triton_online"}]},
+    ({"variants": [{"name": n, "note": "n", "backends": ["cuda"], "device": "cuda", "mode": "timed"}
+                   for n in ("torch_softmax", "triton_online")]},
      "lacks variant(s) eager, torch_compile, triton_onepass, cluster_bulk (a --variant run); run the whole ladder"),
     ({"kernel_level": [{**FAILED_POINT, "variant": "eager", "status": "checked"}, FAILED_POINT, FAILED_POINT]},
      "records 2 failed point(s), first triton_online 512x1024 fp32: failed: seed 1: relative error 0.3 over "
@@ -244,7 +241,9 @@ FAILED_POINT = {"variant": "triton_online", "shape": {"rows": 512, "cols": 1024}
 def test_strict_rejects_results_not_to_publish(make_case, extra, message):
     path = make_case()
     result = store_result(path)
-    result.write_text(json.dumps({**json.loads(result.read_text()), **extra}))
+    doc = json.loads(result.read_text())
+    doc.update({k: {**doc[k], **v} if isinstance(v, dict) else v for k, v in extra.items()})  # a level: its fields
+    result.write_text(json.dumps(doc))
     assert [str(e) for e in validate([path], strict=True).errors] == [
         f"{path}:1: results: results/nvidia-h200/softmax_fusion.json {message}"]
 
@@ -269,10 +268,12 @@ def test_strict_accepts_a_clean_full_result(make_case):
     path = make_case()
     result = store_result(path)
     names = ["eager", "torch_softmax", "torch_compile", "triton_onepass", "triton_online", "cluster_bulk"]
-    result.write_text(json.dumps({**json.loads(result.read_text()), "command": "casebook run cases/softmax_fusion.yaml",
-                                  "variants": [{"name": n} for n in names],
+    doc = json.loads(result.read_text())
+    result.write_text(json.dumps({**doc, "command": "casebook run cases/softmax_fusion.yaml",
+                                  "variants": [{"name": n, "note": "n", "backends": ["cuda"], "device": "cuda",
+                                                "mode": "timed"} for n in names],
                                   "kernel_level": [{**FAILED_POINT, "status": s} for s in ("checked", "skipped")],
-                                  "end_to_end": {"status": "partial"}}))
+                                  "end_to_end": {**doc["end_to_end"], "status": "partial"}}))
     assert validate([path], strict=True).errors == []
 
 

@@ -18,6 +18,7 @@ from markupsafe import Markup
 from casebook.render import links, outlook, text, views
 from casebook.render.book import Book, Entry, kernel_source
 from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
+from casebook.schema import Record
 
 
 def _finalize(value: object) -> object:
@@ -347,7 +348,7 @@ def _ceiling_rows(hw: dict, every: list[dict], environment: dict | None = None) 
 def _measured(hw: dict, key: tuple[str, ...]) -> object:
     value: object = hw.get("measured") or {}
     for k in key:
-        value = value.get(k) if isinstance(value, dict) else None
+        value = value.get(k) if isinstance(value, (dict, Record)) else None
     return value
 
 
