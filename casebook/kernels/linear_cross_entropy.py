@@ -246,20 +246,28 @@ def split_inplace(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
 
 CHUNK_BUDGET = 0.08
 """Most bytes of one chunk's logits, as a share of the inputs' (hidden and weight): the chunked rung's
-peak is then its outputs (d hidden and dW, as large as the inputs) plus at most 8%, under the claim's
-1.1x. At 8192 x 4096 x 128256 bf16: 89 MB, 320 tokens."""
+peak is then its outputs (d hidden and dW, as large as the inputs) plus about that share, under the
+claim's 1.1x. At 8192 x 4096 x 128256 bf16: 89 MB, 348 tokens."""
+
+DW_RIDGE_TOKENS = 384
+"""Fewest tokens of a chunk on a GPU: dW += d logits^T h reads and writes dW (2 x 2 bytes per element,
+bf16) for 2 x chunk FLOPs per element, chunk / 2 FLOP/byte, which meets the H200's ridge (~187) at 374
+tokens. Under it the accumulation is bandwidth-bound (Liger's 256-token chunks at the claim's shape run
+it at 128 FLOP/byte); over the budget it costs memory instead (the boundary of small hidden sizes)."""
 
 CHUNK_ROUND = 64
-"""Tokens of a chunk are a multiple of this (a GEMM tile's rows) on a GPU; 8 under the interpreter, so
-that the CPU run's small shapes still cut into several chunks, the last one short."""
+"""Tokens of a chunk are a multiple of this (a GEMM tile's rows) on a GPU. Under the interpreter the
+chunk is the budget's alone, in multiples of 8, so that the CPU run's small shapes still cut into
+several chunks, the last one short."""
 
 
 def chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:
-    """Tokens per chunk: the most whose logits fit `CHUNK_BUDGET` of the inputs' bytes, rounded down to
-    `CHUNK_ROUND` (at least one round's worth), never more than the tokens."""
-    step = 8 if device.INTERPRET else CHUNK_ROUND
+    """Tokens per chunk: the most whose logits fit `CHUNK_BUDGET` of the inputs' bytes, at least
+    `DW_RIDGE_TOKENS` on a GPU, rounded down to `CHUNK_ROUND`; never more than the tokens."""
     fit = int(CHUNK_BUDGET * (tokens + vocab) * hidden / vocab)
-    return max(1, min(tokens, max(step, fit // step * step)))
+    if device.INTERPRET:
+        return max(1, min(tokens, max(8, fit // 8 * 8)))
+    return max(1, min(tokens, max(DW_RIDGE_TOKENS, fit) // CHUNK_ROUND * CHUNK_ROUND))
 
 
 def chunked_triton(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
