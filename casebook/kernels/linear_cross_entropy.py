@@ -24,7 +24,8 @@ The ladder:
   liger          the peer: Liger-Kernel's fused linear cross-entropy (token chunks whose logits fit
                  the size of hidden, its two-sweep loss kernel writing the gradient over the chunk,
                  torch GEMMs around it, dW accumulated with addmm)
-  chunked        token chunks sized to a memory budget: the chunk's logits by one GEMM into a buffer
+  chunked        token chunks sized to a memory budget (8% of the inputs' bytes, at least the 384 tokens
+                 where dW's per-chunk update meets the ridge): the chunk's logits by one GEMM into a buffer
                  reused across chunks, the split kernel's loss and gradient written over them in
                  place, d hidden of the chunk by one GEMM, dW accumulated by addmm (the first chunk
                  writes it, no zero fill)
