@@ -43,6 +43,9 @@
 #                                                 # (needs the peers extra: pip install -e '.[peers]')
 #   bash benchmarks/gpu_session.sh xent-linear    # the LM head + loss: time and peak memory, logits
 #                                                 # materialised or chunked, against Liger's fused one
+#   bash benchmarks/gpu_session.sh linear-xent    # linear_cross_entropy: GPU-only tests (the in-place
+#                                                 # split's barrier), then the committed run with counters
+#                                                 # (needs the peers extra: pip install -e '.[peers]')
 #   bash benchmarks/gpu_session.sh attention-prefill  # issue 25: prefill's GPU tests (bf16), then its run
 #   bash benchmarks/gpu_session.sh attention-decode   # decode's GPU tests (the fused combine's counters),
 #                                                 # then its run
@@ -233,6 +236,14 @@ case "${1:-}" in
     timeout 150 python3 benchmarks/explore/cross_entropy/linear_cross_entropy.py --tokens 4096 --hidden 3840 --vocab 262144 \
       >> "$out/logs/linear_xent.txt" 2>&1
     echo "linear xent (Gemma-3 12B head): exit $?"; cat "$out/logs/linear_xent.txt" ;;
+  linear-xent)  # linear_cross_entropy: the in-place split kernel's GPU tests (rows at their barrier, the
+                # gradient over the logits), then the committed run with counters. Predicted: ~1 min of
+                # tests; ~6-8 min of run (5 shapes x 5 rungs of 2-43 ms calls, float64 references of up
+                # to 26 TFLOP, torch.compile's compile per shape); the run gets what is left of ~9.6 min
+    python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rung will be skipped (pip install -e '.[peers]')"
+    timeout 90 python3 -m pytest -q -x tests/kernels/test_linear_cross_entropy_gpu.py > "$out/logs/gpu_pytest.txt" 2>&1
+    echo "gpu pytest: exit $?"; tail -3 "$out/logs/gpu_pytest.txt"
+    run_case linear_cross_entropy $((580 - SECONDS)) --counters ;;
   attention-prefill)  # issue 25: every prefill rung compiled against float64 at ragged, GQA and seq_q < seq_kv
                       # shapes (bf16 here; the run checks fp16 too), then the committed run with counters.
                       # Predicted: ~2 min of tests (the autotuner's compiles), ~6 min of run (108 points)

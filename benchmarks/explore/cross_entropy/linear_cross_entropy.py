@@ -1,6 +1,10 @@
 """Device exploration (not a casebook run): the LM head and its loss, forward and backward, time and peak
 memory, with the logits materialised and without.
 
+Now a case of its own, `cases/linear_cross_entropy.yaml` (the harness measures peak memory and takes a
+case's own inputs): run that (`bash benchmarks/gpu_session.sh linear-xent`); this script stays as the
+quick look outside the harness, with chunk sizes on the command line.
+
 `casebook run` neither records peak memory nor lets a variant take other inputs than the logits, so the
 cross_entropy case cannot hold the fused linear cross-entropy. This measures, for the head of a training
 step (hidden [tokens, hidden] @ W^T [vocab, hidden] -> loss -> d hidden, dW), each way of doing it:
