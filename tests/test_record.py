@@ -38,6 +38,8 @@ def test_refusal_of_a_slower_or_noisier_run():
     next(p for p in noisy["kernel_level"] if p.get("median_us"))["unstable"] = ["spread p90/p10 9.00 over 3"]
     assert "1 unstable point(s), the stored result 0" in refusal(noisy, stored, stored_current=True)
     assert refusal(_slowed(stored, 2.0), stored, stored_current=False) is None, "a stale result is replaced freely"
+    steady = _slowed(stored, 1.05)
+    assert refusal(steady, noisy, stored_current=True) is None, "a stored result check will not publish gives way"
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -29,6 +29,8 @@ def refusal(new: dict, stored: dict, stored_current: bool) -> str | None:
 
     if not stored_current:
         return None
+    if unstable_count(new) < unstable_count(stored):  # the stored one is not publishable: a steadier run replaces it
+        return None
     why = []
     ratio = agreement(Result.model_validate(stored), Result.model_validate(new), min_us=0.0).geomean_ratio
     if ratio is not None and ratio > 1 + SLOWER:
