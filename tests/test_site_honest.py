@@ -303,7 +303,8 @@ def test_the_cpu_page_uses_units_that_fit_and_says_how_far_below_the_roof(tmp_pa
 
 def test_a_partial_end_to_end_still_shows_the_measured_kernel_share(tmp_path, plot_cache):
     def partial(doc):
-        doc["end_to_end"] = {"shape": {"batch": 1, "heads": 4, "seq": 256, "head_dim": 64}, "dtype": "bf16",
+        doc["end_to_end"] = {"description": "The attention block's softmax.",
+                             "shape": {"batch": 1, "heads": 4, "seq": 256, "head_dim": 64}, "dtype": "bf16",
                              "baseline": "torch_softmax", "variant": "triton_online", "baseline_us": 354.9,
                              "baseline_kernel_us": 97.7, "kernel_share": 0.2753, "status": "partial",
                              "error": "variant triton_online cannot be timed here"}
