@@ -58,6 +58,7 @@ def _split(payload: Any, spill: "Spill | None" = None) -> tuple[bytes, list]:
     `spill`, a large tensor's bytes go to a file of its own instead (`Spill`), named in the header."""
     blobs: list = []
     files: list = []
+    sizes: list[int] = []
 
     def walk(x):
         if type(x).__module__.startswith("torch") and type(x).__name__ == "Tensor":
@@ -75,7 +76,6 @@ def _split(payload: Any, spill: "Spill | None" = None) -> tuple[bytes, list]:
             return [walk(v) for v in x]
         return x
 
-    sizes: list[int] = []
     head = {"body": walk(payload), "blobs": sizes}
     if any(files):
         head["files"] = files
@@ -83,7 +83,7 @@ def _split(payload: Any, spill: "Spill | None" = None) -> tuple[bytes, list]:
 
 
 class Spill:
-    """Where a child puts the bytes of a large tensor: a file of its own in shared memory (`SPILL_DIR`),
+    """Where a child puts the bytes of a large tensor: a file of its own in shared memory (`spill_dir`),
     named after the child's token, which the parent reads in one call and deletes. A gigabyte output
     crosses at memory speed, where a pipe read in Python's chunks takes seconds. Without room there, the
     tensor goes down the pipe."""
