@@ -8,19 +8,15 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
 
-import zlib
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
+from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE, check
+from casebook.check import TOLERANCE
 from casebook.kernels import attention_decode as mod
 
-REPO = Path(__file__).resolve().parents[2]
-CASE = yaml.safe_load((REPO / "cases" / "attention_decode.yaml").read_text())
-ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+CASE = load("attention_decode")
+ON_CPU = cpu_rungs(CASE)
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim")
 SHAPES = [
     (2, 4, 4, 1, 50, 64),  # group 1
@@ -30,7 +26,7 @@ SHAPES = [
     (3, 8, 1, 1, 1, 64),  # a context of 1
 ]
 DTYPES = CASE["levels"]["kernel"]["dtypes"] + ["fp16"]
-CASES = [(fn, s, d) for fn in ON_CPU for s in SHAPES for d in DTYPES]
+CASES, IDS = matrix(ON_CPU, SHAPES, DTYPES)
 
 
 def as_shape(s: tuple) -> dict:
@@ -41,12 +37,9 @@ def test_every_cpu_rung_is_covered():
     assert set(ON_CPU) == {"eager", "sdpa", "triton_gqa", "triton_split", "triton_split_fused"}
 
 
-@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
+@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=IDS)
 def test_rung_matches_reference(fn, shape, dtype):
-    seed = zlib.crc32(repr((fn, shape, dtype)).encode())
-    c = check(getattr(mod, fn), mod.reference, mod.make_inputs, as_shape(shape), dtype, "cpu", [seed])
-    assert c.correct, c.error
-    assert c.max_rel_err <= TOLERANCE[dtype]
+    check_rung(mod, fn, as_shape(shape), dtype)
 
 
 def test_traffic_is_the_cache_and_matches_the_declared_intensity():
@@ -66,4 +59,4 @@ def test_decode_layer_writes_the_new_token_and_runs_the_kernel():
     expect_k = (inputs["x"] @ inputs["w_qkv"])[:, 0, 256:384].view(2, 2, 64)
     torch.testing.assert_close(inputs["k_cache"][:, :, -1], expect_k)
     out = mod.decode_layer(mod.triton_split_fused, **inputs)
-    assert ((out.double() - base.double()).norm() / base.double().norm()).item() < TOLERANCE["bf16"]
+    assert rel(out, base.double()) < TOLERANCE["bf16"]

@@ -9,20 +9,16 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
 
-import zlib
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
+from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE, check
+from casebook.check import TOLERANCE
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_paged as mod
 
-REPO = Path(__file__).resolve().parents[2]
-CASE = yaml.safe_load((REPO / "cases" / "attention_paged.yaml").read_text())
-ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+CASE = load("attention_paged")
+ON_CPU = cpu_rungs(CASE)
 TRITON = ["triton_paged", "triton_paged_split", "triton_paged_static"]
 KEYS = ("batch", "heads", "kv_heads", "seq_kv", "head_dim", "page_size", "order")
 SHAPES = [
@@ -33,7 +29,7 @@ SHAPES = [
     (2, 4, 1, 33, 64, 4, 3),  # pages of 4 (four a tile), a last page of one token
 ]
 DTYPES = CASE["levels"]["kernel"]["dtypes"] + ["fp16"]
-CASES = [(fn, s, d) for fn in ON_CPU for s in SHAPES for d in DTYPES]
+CASES, IDS = matrix(ON_CPU, SHAPES, DTYPES)
 BF16 = TOLERANCE["bf16"]
 
 
@@ -45,20 +41,13 @@ def inputs(s: tuple, seed: int = 0) -> dict:
     return mod.make_inputs(as_shape(s), torch.bfloat16, "cpu", torch.Generator().manual_seed(seed))
 
 
-def rel(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
 def test_every_cpu_rung_is_covered():
     assert set(ON_CPU) == {"contiguous", "gather_sdpa", *TRITON}
 
 
-@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
+@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=IDS)
 def test_rung_matches_reference(fn, shape, dtype):
-    seed = zlib.crc32(repr((fn, shape, dtype)).encode())
-    c = check(getattr(mod, fn), mod.reference, mod.make_inputs, as_shape(shape), dtype, "cpu", [seed])
-    assert c.correct, c.error
-    assert c.max_rel_err <= TOLERANCE[dtype]
+    check_rung(mod, fn, as_shape(shape), dtype)
 
 
 @pytest.mark.parametrize("order", [1, 2, 3])

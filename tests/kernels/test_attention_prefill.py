@@ -8,19 +8,15 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
 
-import zlib
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
+from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE, check
+from casebook.check import TOLERANCE
 from casebook.kernels import attention_prefill as mod
 
-REPO = Path(__file__).resolve().parents[2]
-CASE = yaml.safe_load((REPO / "cases" / "attention_prefill.yaml").read_text())
-ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+CASE = load("attention_prefill")
+ON_CPU = cpu_rungs(CASE)
 GPU_ONLY = [v["fn"] for v in CASE["kernel"]["variants"] if v["backends"] == ["cuda"]]
 DTYPES = CASE["levels"]["kernel"]["dtypes"]
 KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "mask")
@@ -30,7 +26,7 @@ SHAPES = [  # mask 1 none, 2 causal
     (2, 2, 2, 30, 17, 64, 1),  # group 1, seq_q > seq_kv without a mask
     (1, 2, 2, 1, 1, 64, 2),  # a context of 1
 ]
-CASES = [(fn, s, d) for fn in ON_CPU for s in SHAPES for d in DTYPES]
+CASES, IDS = matrix(ON_CPU, SHAPES, DTYPES)
 
 
 def as_shape(s: tuple) -> dict:
@@ -41,12 +37,9 @@ def test_every_cpu_rung_is_covered():
     assert set(ON_CPU) == {"eager", "sdpa_math", "sdpa_flash", "triton_flash", "triton_flash_tma", "triton_flash_ws"}
 
 
-@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
+@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=IDS)
 def test_rung_matches_reference(fn, shape, dtype):
-    seed = zlib.crc32(repr((fn, shape, dtype)).encode())
-    c = check(getattr(mod, fn), mod.reference, mod.make_inputs, as_shape(shape), dtype, "cpu", [seed])
-    assert c.correct, c.error
-    assert c.max_rel_err <= TOLERANCE[dtype]
+    check_rung(mod, fn, as_shape(shape), dtype)
 
 
 @pytest.mark.parametrize("fn", GPU_ONLY)
@@ -72,4 +65,4 @@ def test_attention_block_runs_the_kernel_on_strided_views():
     base = mod.attention_block(mod.sdpa_math, **inputs)
     assert base.shape == (1, 20, 256)
     out = mod.attention_block(mod.triton_flash, **inputs)
-    assert ((out.double() - base.double()).norm() / base.double().norm()).item() < TOLERANCE["bf16"]
+    assert rel(out, base.double()) < TOLERANCE["bf16"]

@@ -11,19 +11,17 @@ os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @t
 
 import math
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE, check
+from casebook.check import TOLERANCE
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_prefix as mod
 
-REPO = Path(__file__).resolve().parents[2]
-CASE = yaml.safe_load((REPO / "cases" / "attention_prefix.yaml").read_text())
-ON_CPU = [v["fn"] for v in CASE["kernel"]["variants"] if {"cpu", "interpreter"} & set(v["backends"])]
+CASE = load("attention_prefix")
+ON_CPU = cpu_rungs(CASE)
 KEYS = ("batch", "heads", "kv_heads", "prefix", "suffix", "head_dim")
 SHAPES = [
     (3, 8, 2, 40, 9, 64),  # two shared pages and an 8-token tail in each request's own page
@@ -32,7 +30,7 @@ SHAPES = [
     (17, 4, 1, 33, 3, 64),  # 68 rows: five 16-row prefix tiles, the last ragged
 ]
 DTYPES = CASE["levels"]["kernel"]["dtypes"] + ["fp16"]
-CASES = [(fn, s, d) for fn in ON_CPU for s in SHAPES for d in DTYPES]
+CASES, IDS = matrix(ON_CPU, SHAPES, DTYPES)
 BF16 = TOLERANCE["bf16"]
 
 
@@ -44,21 +42,14 @@ def inputs(s: tuple, seed: int = 0) -> dict:
     return mod.make_inputs(as_shape(s), torch.bfloat16, "cpu", torch.Generator().manual_seed(seed))
 
 
-def rel(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
 def test_every_cpu_rung_is_covered():
     assert set(ON_CPU) == {"sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_cascade",
                            "triton_cascade_fused"}
 
 
-@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=[f"{f}-{'x'.join(map(str, s))}-{d}" for f, s, d in CASES])
+@pytest.mark.parametrize("fn, shape, dtype", CASES, ids=IDS)
 def test_rung_matches_reference(fn, shape, dtype):
-    seed = zlib.crc32(repr((fn, shape, dtype)).encode())
-    c = check(getattr(mod, fn), mod.reference, mod.make_inputs, as_shape(shape), dtype, "cpu", [seed])
-    assert c.correct, c.error
-    assert c.max_rel_err <= TOLERANCE[dtype]
+    check_rung(mod, fn, as_shape(shape), dtype)
 
 
 def test_the_shared_pages_are_stored_once_and_named_first_by_every_table():
