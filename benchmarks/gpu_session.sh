@@ -214,6 +214,9 @@ case "${1:-}" in
                  # each with DRAM counters: attention_decode, then attention_paged with what is left
     run_case attention_decode 330 --counters
     run_case attention_paged $((585 - SECONDS)) --counters ;;
+  prefix-chain)  # issue 33's prefix reuse (with counters), then issue 34's decode chain with what is left
+    run_case attention_prefix 280 --counters
+    run_case decode_chain $((540 - SECONDS)) --counters ;;
   norms-rms)  # issue 23's cases, call 1: the norms' GPU tests, then rmsnorm (bf16 and fp32) with counters;
                # the Liger rungs skip, with the reason, where liger-kernel is not installed
     python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
@@ -294,7 +297,7 @@ case "${1:-}" in
       > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
     echo "pool: exit $?"; cat "$out/logs/pool.txt"
     grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
-  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|layernorm-decode|decode-stage|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|layernorm-decode|decode-stage|prefix-chain|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
