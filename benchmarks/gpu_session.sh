@@ -36,6 +36,7 @@
 #   bash benchmarks/gpu_session.sh norms-xent     # rmsnorm then cross_entropy, with counters, in one call
 #   bash benchmarks/gpu_session.sh layernorm-decode  # layernorm, then attention_decode, with counters
 #   bash benchmarks/gpu_session.sh decode-stage   # attention_decode, then attention_paged, with counters
+#   bash benchmarks/gpu_session.sh paged-prefix   # attention_paged, then attention_prefix, with counters
 #   bash benchmarks/gpu_session.sh norms-rms      # the norm family's GPU tests, then rmsnorm with counters
 #   bash benchmarks/gpu_session.sh norms-fused    # rmsnorm_residual, rmsnorm_backward with counters
 #   bash benchmarks/gpu_session.sh norms-layer    # layernorm, layernorm_backward with counters
@@ -214,9 +215,10 @@ case "${1:-}" in
                  # each with DRAM counters: attention_decode, then attention_paged with what is left
     run_case attention_decode 330 --counters
     run_case attention_paged $((585 - SECONDS)) --counters ;;
-  prefix-chain)  # issue 33's prefix reuse (with counters), then issue 34's decode chain with what is left
-    run_case attention_prefix 280 --counters
-    run_case decode_chain $((540 - SECONDS)) --counters ;;
+  paged-prefix)  # issue 33 in one call: attention_paged (its page-size-specialised tiles), then attention_prefix
+                 # (whose cascade uses those tiles), each with DRAM counters; ~2.5 min, then the rest
+    run_case attention_paged 200 --counters
+    run_case attention_prefix $((520 - SECONDS)) --counters ;;
   norms-rms)  # issue 23's cases, call 1: the norms' GPU tests, then rmsnorm (bf16 and fp32) with counters;
                # the Liger rungs skip, with the reason, where liger-kernel is not installed
     python3 -c 'import liger_kernel' 2>/dev/null && echo "liger-kernel: installed" || echo "liger-kernel: MISSING (pip install -e .[peers])"
@@ -297,7 +299,7 @@ case "${1:-}" in
       > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
     echo "pool: exit $?"; cat "$out/logs/pool.txt"
     grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
-  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|layernorm-decode|decode-stage|prefix-chain|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|layernorm-decode|decode-stage|paged-prefix|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.

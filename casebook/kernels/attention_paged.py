@@ -204,7 +204,7 @@ def paged_tiles_static(acc, m_i, l_i, q, kc_ptr, vc_ptr, table, lo, hi, hk, skp,
                        PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
     """The same keys with the page size a compile-time constant and every tile starting on a page (lo a multiple of
     PAGE, and of BLOCK_N where PAGE >= BLOCK_N): one table load per tile when a page holds whole tiles, else one
-    per page of the tile (BLOCK_N // PAGE of them), the divisions shifts."""
+    per key (PAGE keys reading one word), the divisions shifts."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for n0 in range(lo, hi, BLOCK_N):
@@ -213,12 +213,13 @@ def paged_tiles_static(acc, m_i, l_i, q, kc_ptr, vc_ptr, table, lo, hi, hk, skp,
             page = tl.load(table + n0 // PAGE).to(tl.int64)
             rows = page * skp + (n0 % PAGE + offs_n) * skt
             rows_v = page * svp + (n0 % PAGE + offs_n) * svt
-        else:  # BLOCK_N // PAGE whole pages: one table load each
-            offs_p = tl.arange(0, BLOCK_N // PAGE)
-            pages = tl.load(table + n0 // PAGE + offs_p, mask=n0 + offs_p * PAGE < hi, other=0).to(tl.int64)
-            slot = tl.arange(0, PAGE)
-            rows = tl.reshape(pages[:, None] * skp + slot[None, :] * skt, [BLOCK_N])
-            rows_v = tl.reshape(pages[:, None] * svp + slot[None, :] * svt, [BLOCK_N])
+        else:  # BLOCK_N // PAGE whole pages: each key's page from the table (PAGE keys share a word, an L1
+            # broadcast), the division and remainder shifts; the addresses stay a plain per-key vector, which the
+            # pipeliner keeps in flight (a [pages, slots] reshape of them ran 0.35x of contiguous on the H200)
+            n = n0 + offs_n
+            page = tl.load(table + n // PAGE, mask=ok, other=0).to(tl.int64)
+            rows = page * skp + (n % PAGE) * skt
+            rows_v = page * svp + (n % PAGE) * svt
         k = tl.load(kc_ptr + (rows + hk * skh)[None, :] + offs_d[:, None], mask=ok[None, :], other=0.0)
         v = tl.load(vc_ptr + (rows_v + hk * svh)[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, qk_scale, 0, offs_n, n0, 0, hi, True, False, UPCAST)
