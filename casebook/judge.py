@@ -74,7 +74,7 @@ def judge_call(rec: dict, expected: dict | None, device: str, dtype: str, tolera
             for j, k in rec.get("aliases_input") or []:
                 if j == i:
                     raise CheckFailed(f"output aliases input {k!r}")
-            err, row = compare_output(*on_device(o["tensor"], e, device), dtype, tolerance)
+            err, row = compare_output(o["tensor"], e, dtype, tolerance, device=judged_on(device))
         except CheckFailed as err:
             raise CheckFailed(f"{prefix}{err}") from None
         errs.append(err)
@@ -82,15 +82,14 @@ def judge_call(rec: dict, expected: dict | None, device: str, dtype: str, tolera
     return max(errs, default=0.0), max(rows, default=0.0)
 
 
-def on_device(got, expected, device: str) -> tuple:
-    """An output and its reference where the parent compares them: on the GPU for a GPU's outputs (the
-    float64 arithmetic over a gigabyte output takes milliseconds there, seconds on the host), else as
-    they came. Only the bytes the child sent are moved: nothing it owns runs here."""
+def judged_on(device: str) -> str | None:
+    """Where the parent does a GPU's outputs' arithmetic: on the GPU (float64 over a gigabyte output takes
+    milliseconds there, seconds on the host), a slice at a time (`check.CHUNK_ELEMENTS`), so the judge needs
+    little of the device's memory beside the children's; elsewhere where the tensors are. Only the bytes the
+    child sent are moved: nothing it owns runs here."""
     import torch
 
-    if device == "cuda" and torch.cuda.is_available() and torch.is_tensor(expected) and type(got) is torch.Tensor:
-        return got.to("cuda"), expected.to("cuda")
-    return got, expected
+    return "cuda" if device == "cuda" and torch.cuda.is_available() else None
 
 
 def _count(x) -> bool:

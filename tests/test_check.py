@@ -201,3 +201,32 @@ def test_a_far_looser_own_tolerance_is_flagged():
     assert not overridden("bf16", None) and not overridden("bf16", 0.05)
     assert overridden("bf16", TOLERANCE["bf16"] * OVERRIDE_FLAG * 1.01)
     assert bounds("bf16", 0.04)[1] == pytest.approx(2 * bounds("bf16")[1])  # the row bound scales alike
+
+
+@pytest.mark.parametrize("shape", [(1000, 96), (3, 50, 64), (4000,), ()])
+def test_the_judgement_in_slices_is_the_judgement_whole(monkeypatch, shape):
+    """A large output is compared a slice of rows at a time (the judge's memory beside the children's on a
+    full GPU): the same errors as in one piece, and a NaN in the last slice is still found."""
+    from casebook import check as check_mod
+
+    g = torch.Generator().manual_seed(3)
+    expected = torch.randn(shape, generator=g, dtype=torch.float64)
+    out = (expected * (1 + 1e-3 * torch.randn(shape, generator=g, dtype=torch.float64))).to(torch.float32)
+    whole = check_mod.compare_output(out, expected, "fp32", tolerance=1e-2)
+    monkeypatch.setattr(check_mod, "CHUNK_ELEMENTS", 200)
+    assert check_mod.compare_output(out, expected, "fp32", tolerance=1e-2) == pytest.approx(whole, rel=1e-12)
+    if out.numel() > 1:
+        out.view(-1)[-1] = float("nan")
+        with pytest.raises(CheckFailed, match="1 of .* NaN or Inf"):
+            check_mod.compare_output(out, expected, "fp32", tolerance=1e-2)
+
+
+def test_one_bad_row_in_a_late_slice_fails_the_row_bound(monkeypatch):
+    from casebook import check as check_mod
+
+    monkeypatch.setattr(check_mod, "CHUNK_ELEMENTS", 64 * 10)
+    expected = torch.randn(5000, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    out = expected.to(torch.bfloat16)
+    out[4997] = 0.0  # 1.4% of the whole output's norm: under bf16's normwise 2%
+    with pytest.raises(CheckFailed, match="worst row off by 1 "):
+        check_mod.compare_output(out, expected, "bf16")
