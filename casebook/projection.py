@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from casebook.schema import Point, Result
+from casebook.schema import Ceilings, Point, Result
 
 BOUNDS = {
     "bandwidth": "per-SM bandwidth: the source's bytes per SM per second on each of the target's SMs",
@@ -75,16 +75,16 @@ class Projection:
 def source_roofs(result: Result) -> MachineRoofs:
     """The roofs a stored result was measured against."""
     hw = result.hardware
-    measured, sheet = hw.get("measured") or {}, hw.get("datasheet") or {}
-    if not measured.get("copy_gbps") or not sheet.get("sm_count"):
-        raise ProjectionError(f"{hw.get('slug')}: a projection needs measured ceilings and a datasheet "
+    measured, sheet = hw.measured, hw.datasheet
+    if not measured.copy_gbps or sheet is None or not sheet.sm_count:
+        raise ProjectionError(f"{hw.slug}: a projection needs measured ceilings and a datasheet "
                               "with an SM count (GPU results only)")
-    return MachineRoofs(hw["slug"], sheet.get("name", hw["slug"]), dict(measured["matmul_tflops"]),
-                        measured["copy_gbps"], sheet["sm_count"], "measured")
+    return MachineRoofs(hw.slug, sheet.name, dict(measured.matmul_tflops), measured.copy_gbps, sheet.sm_count,
+                        "measured")
 
 
 def target_roofs(target: str, registry: dict[str, dict], source: Result,
-                 measured: dict[str, dict] | None = None) -> MachineRoofs:
+                 measured: dict[str, Ceilings] | None = None) -> MachineRoofs:
     """The target's roofs: its measured ceilings where it has a stored result, else its datasheet
     scaled by the source's measured-to-datasheet ratio of the same roof."""
     if target not in registry:
@@ -92,18 +92,18 @@ def target_roofs(target: str, registry: dict[str, dict], source: Result,
     spec = registry[target]
     own = (measured or {}).get(target)
     if own:
-        return MachineRoofs(target, spec["name"], dict(own["matmul_tflops"]), own["copy_gbps"], spec["sm_count"],
+        return MachineRoofs(target, spec["name"], dict(own.matmul_tflops), own.copy_gbps, spec["sm_count"],
                             "measured on the target")
-    src_sheet = source.hardware.get("datasheet") or {}
+    src_sheet = source.hardware.datasheet
     src = source_roofs(source)
-    bw_ratio = src.bandwidth_gbps / src_sheet["bandwidth_gbps"]
+    bw_ratio = src.bandwidth_gbps / src_sheet.bandwidth_gbps
     compute = {}
     for dtype, peak in spec["peak_tflops"].items():
-        src_peak = src_sheet["peak_tflops"].get(dtype)
+        src_peak = src_sheet.peak_tflops.get(dtype)
         if src_peak and dtype in src.compute_tflops:
             compute[dtype] = peak * src.compute_tflops[dtype] / src_peak
     return MachineRoofs(target, spec["name"], compute, spec["bandwidth_gbps"] * bw_ratio, spec["sm_count"],
-                        f"datasheet x the {source.hardware['slug']} measured-to-datasheet ratio")
+                        f"datasheet x the {source.hardware.slug} measured-to-datasheet ratio")
 
 
 def project_point(point: Point, source: MachineRoofs, target: MachineRoofs) -> Projection | None:
@@ -130,7 +130,7 @@ def project_point(point: Point, source: MachineRoofs, target: MachineRoofs) -> P
     return Projection(optimistic_us=optimistic, pessimistic_us=max(optimistic, capped), **common)
 
 
-def project(result: Result, target: str, registry: dict[str, dict], measured: dict[str, dict] | None = None,
+def project(result: Result, target: str, registry: dict[str, dict], measured: dict[str, Ceilings] | None = None,
             actual: Result | None = None) -> tuple[MachineRoofs, list[Projection]]:
     """Every level-1 point of `result` projected onto `target`; beside each, `actual`'s measured median."""
     src = source_roofs(result)

@@ -22,7 +22,7 @@ def write(tmp_path: Path, name: str, doc: dict) -> Path:
 def test_a_result_agrees_with_itself(tmp_path, capsys):
     a = write(tmp_path, "a.json", RESULT)
     assert compare.main(a, a) == 0
-    n = sum(1 for p in compare.timed_points(Result.model_validate(RESULT)).values() if p["median_us"] > 20)
+    n = sum(1 for p in compare.timed_points(Result.model_validate(RESULT)).values() if p.median_us > 20)
     assert f"{n} points above 20 us in both; {n} within 2%" in capsys.readouterr().out
 
 

@@ -77,7 +77,7 @@ def test_the_launch_floor_is_kept():
 
 def test_measured_target_roofs_and_the_error_beside_a_real_result():
     there = result(slug="gpu-b", points=[point("fused", "bandwidth", 4000.0, 1e9, 8e9, 0.75)], copy_gbps=2667)
-    measured = {"gpu-b": there.hardware["measured"]}
+    measured = {"gpu-b": there.hardware.measured}
     roofs, [p] = project(result(points=[BANDWIDTH]), "gpu-b", REGISTRY, measured, actual=there)
     assert roofs.basis == "measured on the target" and roofs.bandwidth_gbps == 2667
     assert p.measured_us == 4000.0 and p.in_band

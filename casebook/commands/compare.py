@@ -25,32 +25,32 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook import results
-from casebook.schema import Result, shape_label
+from casebook.schema import Point, Result, shape_label
 
 ENVIRONMENT_KEYS = ("device_name", "driver_version", "torch", "triton", "cuda", "casebook_sha256")
 
 
-def timed_points(result: Result) -> dict[tuple[str, str, str, str], dict]:
+def timed_points(result: Result) -> dict[tuple[str, str, str, str], Point]:
     """(level, variant, shape, dtype) -> point, for every timed point of levels 1 and 2."""
-    points = [("kernel", p.model_dump()) for p in result.kernel_level]
-    points += [("workload", p) for p in result.workload_level.get("points") or []]
-    return {(level, p["variant"], shape_label(p["shape"]), p["dtype"]): p
-            for level, p in points if p.get("median_us")}
+    points = [("kernel", p) for p in result.kernel_level]
+    points += [("workload", p) for p in result.workload_level.points]
+    return {(level, p.variant, shape_label(p.shape), p.dtype): p
+            for level, p in points if p.median_us}
 
 
-def _host_reached(point: dict, fixed_slack_us: float | None) -> bool:
-    us = point.get("host_issue_us") or 0.0
-    return us > (point["median_us"] if fixed_slack_us is None else fixed_slack_us)
+def _host_reached(point: Point, fixed_slack_us: float | None) -> bool:
+    us = point.host_issue_us or 0.0
+    return us > (point.median_us if fixed_slack_us is None else fixed_slack_us)
 
 
-def _host(point: dict, fixed_slack_us: float | None) -> str:
-    us = point.get("host_issue_us")
+def _host(point: Point, fixed_slack_us: float | None) -> str:
+    us = point.host_issue_us
     return "-" if us is None else f"{us:.0f}" + ("*" if _host_reached(point, fixed_slack_us) else "")
 
 
-def _intervals(a: dict, b: dict) -> str:
+def _intervals(a: Point, b: Point) -> str:
     """'apart' where the two medians' 95% confidence intervals do not overlap, 'overlap' where they do."""
-    ca, cb = a.get("median_ci_us"), b.get("median_ci_us")
+    ca, cb = a.median_ci_us, b.median_ci_us
     if not ca or not cb:
         return "-"
     return "overlap" if ca[0] <= cb[1] and cb[0] <= ca[1] else "apart"
@@ -60,8 +60,8 @@ def _intervals(a: dict, b: dict) -> str:
 class Agreement:
     """Two results of one case, point by point: what `casebook compare` prints, as data."""
 
-    points_a: dict
-    points_b: dict
+    points_a: dict[tuple[str, str, str, str], Point]
+    points_b: dict[tuple[str, str, str, str], Point]
     rows: list[tuple[float, tuple]]
     """(relative change of the median, point key) for every point timed in both above `min_us`, largest first."""
     moved: list[tuple[float, tuple]]
@@ -82,9 +82,9 @@ class Agreement:
 def agreement(first: Result, second: Result, min_us: float = 20.0, within: float = 0.02) -> Agreement:
     """Compare two results of one case: every point timed in both above `min_us`, median against median."""
     env = [(key, x, y) for key in ENVIRONMENT_KEYS
-           for x, y in [tuple(r.environment.get(key) for r in (first, second))] if x != y]
+           for x, y in [tuple(getattr(r.environment, key) for r in (first, second))] if x != y]
     pa, pb = timed_points(first), timed_points(second)
-    ma, mb = ({k: p["median_us"] for k, p in points.items()} for points in (pa, pb))
+    ma, mb = ({k: p.median_us for k, p in points.items()} for points in (pa, pb))
     rows = sorted(((mb[k] / ma[k] - 1, k) for k in ma.keys() & mb.keys() if min(ma[k], mb[k]) > min_us),
                   key=lambda r: -abs(r[0]))
     return Agreement(pa, pb, rows, [r for r in rows if abs(r[0]) > within], len(ma.keys() ^ mb.keys()), env)
@@ -97,7 +97,7 @@ def show(out: Console, first: Result, second: Result, names: tuple[str, str], mi
     for key, x, y in ag.environment:
         out.print(f"environment differs: {key} {x} vs {y}")
     pa, pb = ag.points_a, ag.points_b
-    fa, fb = (r.protocol.get("host_slack_us") for r in (first, second))
+    fa, fb = (r.protocol.host_slack_us for r in (first, second))
     if ag.moved:
         table = Table(header_style="bold", title_justify="left",
                       title=f"points that moved more than {within:.1%} ({names[0]} -> {names[1]})")
@@ -107,9 +107,9 @@ def show(out: Console, first: Result, second: Result, names: tuple[str, str], mi
             table.add_column(col, justify="right" if col in numeric else "left")
         for change, key in ag.moved:
             level, variant, shape, dtype = key
-            a10, b10 = pa[key].get("p10_us"), pb[key].get("p10_us")
+            a10, b10 = pa[key].p10_us, pb[key].p10_us
             table.add_row(f"{change:+.2%}", f"{b10 / a10 - 1:+.2%}" if a10 and b10 else "-", level, variant, shape,
-                          dtype, f"{pa[key]['median_us']:.1f}", f"{pb[key]['median_us']:.1f}",
+                          dtype, f"{pa[key].median_us:.1f}", f"{pb[key].median_us:.1f}",
                           f"{_host(pa[key], fa)} / {_host(pb[key], fb)}", _intervals(pa[key], pb[key]))
         out.print(table)
         if any(_host_reached(p, f) for _, k in ag.moved for p, f in ((pa[k], fa), (pb[k], fb))):
@@ -125,13 +125,13 @@ def show(out: Console, first: Result, second: Result, names: tuple[str, str], mi
 
 def machine_line(label: str, path: Path, r: Result) -> str:
     """`A: results/x.json: NVIDIA H200 (nvidia-h200), 2026-12-01T10:00:00+00:00; ceilings: copy 4,246 GB/s, ...`."""
-    hw = r.hardware or {}
-    m = hw.get("measured") or {}
-    roofs = [f"copy {m['copy_gbps']:,.0f} GB/s"] if isinstance(m.get("copy_gbps"), (int, float)) else []
+    hw = r.hardware
+    m = hw.measured
+    roofs = [f"copy {m.copy_gbps:,.0f} GB/s"] if isinstance(m.copy_gbps, (int, float)) else []
     roofs += [f"{d} {v:,.0f} TFLOP/s" if v >= 100 else f"{d} {v:.3g} TFLOP/s"
-              for d, v in (m.get("matmul_tflops") or {}).items() if isinstance(v, (int, float))]
-    roofs += [f"launch {m['launch_us']:.3g} us"] if isinstance(m.get("launch_us"), (int, float)) else []
-    return (f"{label}: {path}: {hw.get('name') or '?'} ({hw.get('slug') or '?'}), {r.started_at}; "
+              for d, v in m.matmul_tflops.items() if isinstance(v, (int, float))]
+    roofs += [f"launch {m.launch_us:.3g} us"] if isinstance(m.launch_us, (int, float)) else []
+    return (f"{label}: {path}: {hw.name or '?'} ({hw.slug or '?'}), {r.started_at}; "
             f"ceilings: {', '.join(roofs) or 'none stored'}")
 
 
@@ -149,7 +149,7 @@ def main(a: Path, b: Path, min_us: float = 20.0, within: float = 0.02, across_ma
         return 2
     out.print(machine_line("A", a, first))
     out.print(machine_line("B", b, second))
-    slugs = [(r.hardware or {}).get("slug") for r in (first, second)]
+    slugs = [r.hardware.slug for r in (first, second)]
     if slugs[0] != slugs[1]:
         if not across_machines:
             out.print(Text(f"the two results come from different machines ({slugs[0]} and {slugs[1]}): their times "

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from casebook import results
 from casebook.projection import ProjectionError, project
-from casebook.schema import shape_label
+from casebook.schema import Ceilings, shape_label
 
 
 def stored(results_dir: Path, case_id: str) -> dict[str, results.Result]:
@@ -23,7 +23,7 @@ def stored(results_dir: Path, case_id: str) -> dict[str, results.Result]:
     return found
 
 
-def measured_ceilings(results_dir: Path) -> dict[str, dict]:
+def measured_ceilings(results_dir: Path) -> dict[str, Ceilings]:
     """{hardware slug: measured ceilings} from any stored result of that machine."""
     out = {}
     for path in sorted(Path(results_dir).glob("*/*.json")):
@@ -31,8 +31,8 @@ def measured_ceilings(results_dir: Path) -> dict[str, dict]:
             hw = results.load(path).hardware
         except results.ResultError:
             continue
-        if hw.get("kind") == "gpu" and (hw.get("measured") or {}).get("copy_gbps"):
-            out.setdefault(hw["slug"], hw["measured"])
+        if hw.kind == "gpu" and hw.measured.copy_gbps:
+            out.setdefault(hw.slug, hw.measured)
     return out
 
 
@@ -43,7 +43,7 @@ def main(case: str, to: str, source: str | None, results_dir: Path, json_out: bo
     err = Console(stderr=True, highlight=False)
     case_id = Path(case).stem
     by_machine = stored(results_dir, case_id)
-    gpu = {slug: r for slug, r in by_machine.items() if r.hardware.get("kind") == "gpu"}
+    gpu = {slug: r for slug, r in by_machine.items() if r.hardware.kind == "gpu"}
     if source is None:
         source = next((s for s in gpu if s != to), None)
     if source not in gpu:

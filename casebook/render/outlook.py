@@ -13,6 +13,7 @@ from casebook.projection import Projection, ProjectionError, project
 from casebook.render import links, text
 from casebook.render.book import Book, Entry
 from casebook.render.figures import best_variant
+from casebook.schema import Ceilings
 
 PROJECTIONS = "projections.md"
 HISTORY = "history.md"
@@ -24,20 +25,20 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs))
 
 
-def measured_ceilings(book: Book) -> dict[str, dict]:
+def measured_ceilings(book: Book) -> dict[str, Ceilings]:
     """{GPU slug: the measured ceilings of its latest stored result}."""
     out = {}
     for slug, stored in book.hardware().items():
         latest = max(stored, key=lambda r: r.result.started_at).result.hardware
-        if latest.get("kind") == "gpu" and (latest.get("measured") or {}).get("copy_gbps"):
-            out[slug] = latest["measured"]
+        if latest.kind == "gpu" and latest.measured.copy_gbps:
+            out[slug] = latest.measured
     return out
 
 
 def case_projections(entry: Entry, book: Book) -> list[dict]:
     """For each registry GPU without a result of this case: the band of every variant, from the case's
     first GPU result. Empty when the case has no GPU result."""
-    gpu = [r for r in entry.results if r.result.hardware.get("kind") == "gpu" and not r.stale]
+    gpu = [r for r in entry.results if r.result.hardware.kind == "gpu" and not r.stale]
     if not gpu:
         return []
     source, have = gpu[0], {r.slug for r in entry.results}
@@ -77,7 +78,7 @@ def accuracy(book: Book) -> list[dict]:
     """Where a case has results on two GPUs: how well one projects onto the other, per variant."""
     ceilings, out = measured_ceilings(book), []
     for entry in book.entries:
-        gpu = [r for r in entry.results if r.result.hardware.get("kind") == "gpu"]
+        gpu = [r for r in entry.results if r.result.hardware.kind == "gpu"]
         for src in gpu:
             for dst in gpu:
                 if src is dst:
