@@ -195,9 +195,13 @@ def test_a_dying_rank_is_recorded_and_the_others_ended():
 
 def test_the_hardware_page_gains_the_interconnect_ceiling():
     from casebook.render.pages import _ceiling_rows
+    from casebook.schema import Hardware
 
-    hw = {"measured": {"copy_gbps": 4000.0}, "datasheet": {"link_gbps": 450},
-          "topology": {"devices": 2, "link": "nvlink", "bus_gbps": 380.0}}
+    hw = Hardware.model_validate(
+        {"slug": "gpu-x2", "name": "GPU", "kind": "gpu",
+         "measured": {"copy_gbps": 4000.0, "matmul_tflops": {}, "launch_us": 5.0, "graph_launch_us": 2.0},
+         "datasheet": {"name": "GPU", "match": ["GPU"], "link_gbps": 450},
+         "topology": {"devices": 2, "link": "nvlink", "bus_gbps": 380.0}})
     row = next(r for r in _ceiling_rows(hw, [hw]) if r["what"].startswith("interconnect"))
     assert "nvlink, 2 devices" in row["what"] and row["unit"] == "GB/s" and row["ratio"] == "84%"
 
@@ -254,13 +258,15 @@ def test_the_roofline_of_a_multi_device_result_is_drawn_against_the_link():
     from types import SimpleNamespace
 
     from casebook.render import figures, plots
-    from casebook.schema import Point
+    from casebook.schema import Hardware, Point
 
     point = Point(variant="allreduce_separate", shape={"tokens": 4, "hidden": 1024}, dtype="bf16", status="ok",
                   flops=8e4, bytes=1.3e5, link_bytes=8e3, arithmetic_intensity=8e4 / 1.3e5, tflops=1e-5,
                   attainable_tflops=1e-4, roof_fraction=0.1)
-    hw = {"measured": {"copy_gbps": 17.0, "matmul_tflops": {"bf16": 0.08}, "launch_us": 5.0},
-          "topology": {"devices": 2, "link": "loopback", "bus_gbps": 0.9}, "datasheet": None}
+    hw = Hardware.model_validate(
+        {"slug": "cpu-x2", "name": "cpu", "kind": "cpu",
+         "measured": {"copy_gbps": 17.0, "matmul_tflops": {"bf16": 0.08}, "launch_us": 5.0, "graph_launch_us": 5.0},
+         "topology": {"devices": 2, "link": "loopback", "bus_gbps": 0.9}, "datasheet": None})
     stored = SimpleNamespace(result=SimpleNamespace(kernel_level=[point], hardware=hw), hardware_name="cpu x2")
     entry = SimpleNamespace(case=SimpleNamespace(kernel=SimpleNamespace(
         variants=[SimpleNamespace(name="allreduce_separate")], baseline="allreduce_separate")))
@@ -269,5 +275,6 @@ def test_the_roofline_of_a_multi_device_result_is_drawn_against_the_link():
     assert data["points"][0]["ai"] == pytest.approx(10.0)  # FLOPs per bus byte, not per memory byte
     assert "FLOP / byte over the link" in plots.render("roofline", data).decode()
     one = SimpleNamespace(result=SimpleNamespace(kernel_level=[point.model_copy(update={"link_bytes": None})],
-                                                 hardware={**hw, "topology": {}}), hardware_name="cpu")
+                                                 hardware=hw.model_copy(update={"topology": None})),
+                          hardware_name="cpu")
     assert figures.roofline(entry, one)["against"] == "memory"

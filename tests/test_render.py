@@ -388,10 +388,13 @@ def test_a_time_refused_by_the_gate_is_not_shown_as_a_wrong_answer(tmp_path: Pat
 
 def test_the_hardware_page_gives_each_ceilings_range_over_the_stored_results():
     from casebook.render.pages import _ceiling_rows
+    from casebook.schema import Hardware
 
-    def hw(bf16: float, copy: float) -> dict:
-        return {"measured": {"copy_gbps": copy, "matmul_tflops": {"bf16": bf16}, "launch_us": 5.0},
-                "datasheet": {"bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}}
+    def hw(bf16: float, copy: float) -> Hardware:
+        return Hardware.model_validate(
+            {"slug": "gpu", "name": "GPU", "kind": "gpu",
+             "measured": {"copy_gbps": copy, "matmul_tflops": {"bf16": bf16}, "launch_us": 5.0, "graph_launch_us": 2.0},
+             "datasheet": {"name": "GPU", "match": ["GPU"], "bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}})
 
     rows = {r["what"]: r for r in _ceiling_rows(hw(782.0, 4270.0), [hw(683.0, 4265.0), hw(782.0, 4270.0)])}
     assert rows["bf16 matmul"]["measured"] == "782" and rows["bf16 matmul"]["spread"] == "683–782 over 2"
@@ -402,9 +405,14 @@ def test_the_hardware_page_gives_each_ceilings_range_over_the_stored_results():
 
 def test_a_counters_row_says_why_it_has_no_gap():
     from casebook.render.views import _gap
-    assert _gap({"gap": 0.052}) == "+5.2%"
-    assert _gap({"not_applicable": "holds at most 32768 columns"}) == "not applicable: holds at most 32768 columns"
-    assert _gap({"error": "ncu timed out"}) == "no counters"
+    from casebook.schema import CounterRow
+
+    def row(**fields) -> CounterRow:
+        return CounterRow(variant="fused", shape={"rows": 4, "cols": 65536}, dtype="fp32", **fields)
+
+    assert _gap(row(gap=0.052)) == "+5.2%"
+    assert _gap(row(not_applicable="holds at most 32768 columns")) == "not applicable: holds at most 32768 columns"
+    assert _gap(row(error="ncu timed out")) == "no counters"
 
 
 def test_a_point_shows_its_bandwidth_and_launch_floors_beside_its_median(tmp_path: Path, plot_cache: Path):
@@ -433,13 +441,14 @@ def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():
     from types import SimpleNamespace
 
     from casebook.render.book import Book, StoredResult
+    from casebook.schema import Hardware
 
     fixture_path = REPO / "tests" / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
     fixture = json.loads(fixture_path.read_text())
 
     def stored(case_id: str, copy_gbps: float) -> StoredResult:
         hw = {**fixture["hardware"], "measured": {**fixture["hardware"]["measured"], "copy_gbps": copy_gbps}}
-        result = SimpleNamespace(case_id=case_id, hardware=hw)
+        result = SimpleNamespace(case_id=case_id, hardware=Hardware.model_validate(hw))
         return StoredResult(result, Path(f"results/{hw['slug']}/{case_id}.json"))
 
     a, b, c = stored("a", 45.9), stored("b", 19.3), stored("c", 44.0)

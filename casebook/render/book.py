@@ -36,11 +36,11 @@ class StoredResult:
 
     @property
     def slug(self) -> str:
-        return str(self.result.hardware.get("slug") or self.path.parent.name)
+        return str(self.result.hardware.slug or self.path.parent.name)
 
     @property
     def hardware_name(self) -> str:
-        return str(self.result.hardware.get("name") or self.slug)
+        return str(self.result.hardware.name or self.slug)
 
 
 @dataclass
@@ -73,15 +73,15 @@ class Book:
         for e in self.entries:
             for r in e.results:
                 keys = machines.setdefault(r.slug, [])
-                mine = r.result.hardware.get("measured") or {}
+                mine = r.result.hardware.measured.model_dump()
                 key = next((k for k in keys
-                            if not ceilings_apart(mine, out[k][0].result.hardware.get("measured") or {})),
+                            if not ceilings_apart(mine, out[k][0].result.hardware.measured.model_dump())),
                            None)
                 if key is None:
                     key = r.slug if not keys else f"{r.slug}-{len(keys) + 1}"
                     keys.append(key)
                 out.setdefault(key, []).append(r)
-        gpu_first = lambda item: (item[1][0].result.hardware.get("kind") != "gpu", item[0])  # noqa: E731
+        gpu_first = lambda item: (item[1][0].result.hardware.kind != "gpu", item[0])  # noqa: E731
         return dict(sorted(out.items(), key=gpu_first))
 
 
@@ -117,7 +117,7 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
             raise BookError(f"{path}: {why}")
         _attach(book, path)
     for entry in book.entries:  # GPUs first, then by name: the machine the case is about leads
-        entry.results.sort(key=lambda r: (r.result.hardware.get("kind") != "gpu", r.slug))
+        entry.results.sort(key=lambda r: (r.result.hardware.kind != "gpu", r.slug))
     return book
 
 

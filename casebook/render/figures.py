@@ -6,13 +6,13 @@ import math
 
 from casebook.render.book import Entry, StoredResult
 from casebook.render.text import plain, shape_short
-from casebook.schema import Point
+from casebook.schema import Hardware, Point
 
 
-def measured_roofs(result_hw: dict, points: list[Point] | None = None) -> dict:
+def measured_roofs(result_hw: Hardware, points: list[Point] | None = None) -> dict:
     """The measured ceilings: copy bandwidth; per dtype, the compute roof the run used (else matmul)."""
-    m = result_hw.get("measured") or {}
-    compute = dict(m.get("matmul_tflops") or {})
+    m = result_hw.measured
+    compute = dict(m.matmul_tflops)
     if points:
         used: dict[str, float] = {}
         for p in points:
@@ -20,17 +20,17 @@ def measured_roofs(result_hw: dict, points: list[Point] | None = None) -> dict:
             if _ok(roof):
                 used[p.dtype] = roof
         compute = used or {d: v for d, v in compute.items() if d in {p.dtype for p in points}} or compute
-    return {"bandwidth_gbps": m.get("copy_gbps"), "compute_tflops": _clean(compute), "launch_us": m.get("launch_us")}
+    return {"bandwidth_gbps": m.copy_gbps, "compute_tflops": _clean(compute), "launch_us": m.launch_us}
 
 
-def datasheet_roofs(result_hw: dict, dtypes: set[str] | None = None) -> dict | None:
-    d = result_hw.get("datasheet")
-    if not d:
+def datasheet_roofs(result_hw: Hardware, dtypes: set[str] | None = None) -> dict | None:
+    d = result_hw.datasheet
+    if d is None:
         return None
-    peaks = _clean(d.get("peak_tflops") or {})
+    peaks = _clean(d.peak_tflops or {})
     if dtypes:
         peaks = {k: v for k, v in peaks.items() if k in dtypes} or peaks
-    return {"bandwidth_gbps": d.get("bandwidth_gbps"), "compute_tflops": peaks}
+    return {"bandwidth_gbps": d.bandwidth_gbps, "compute_tflops": peaks}
 
 
 def ceiling_tflops(p: Point) -> float | None:
@@ -44,10 +44,10 @@ def ceiling_tflops(p: Point) -> float | None:
     return None
 
 
-def link_gbps(result_hw: dict, points: list[Point]) -> float | None:
+def link_gbps(result_hw: Hardware, points: list[Point]) -> float | None:
     """The interconnect's measured ceiling where a multi-device result's points were placed against it (its
     topology's bus bandwidth, and link bytes on every point): its roofline is drawn against the link."""
-    bus = _pos((result_hw.get("topology") or {}).get("bus_gbps"))
+    bus = _pos(result_hw.topology.bus_gbps if result_hw.topology is not None else None)
     return bus if bus and points and all(_pos(getattr(p, "link_bytes", None)) for p in points) else None
 
 
@@ -61,7 +61,7 @@ def roofline(entry: Entry, stored: StoredResult) -> dict | None:
     link = link_gbps(hw, points)
     if link:  # the slope is the link's, the intensity FLOPs per byte over it
         measured = {**measured, "bandwidth_gbps": link}
-        sheet = _pos((hw.get("datasheet") or {}).get("link_gbps"))
+        sheet = _pos(hw.datasheet.link_gbps if hw.datasheet is not None else None)
         datasheet = {**datasheet, "bandwidth_gbps": sheet} if datasheet and sheet else None
     return {
         "hardware": plain(stored.hardware_name),
@@ -79,19 +79,18 @@ def roofline(entry: Entry, stored: StoredResult) -> dict | None:
 
 
 def speedups(entry: Entry, stored: StoredResult) -> dict | None:
-    wl = stored.result.workload_level or {}
-    raw = wl.get("points") or []
+    wl = stored.result.workload_level
     baseline = entry.case.kernel.baseline
     shapes: list[str] = []
     weights: dict[str, float] = {}
     series: dict[str, dict[str, float]] = {}
-    for p in raw:
-        label = shape_short(p.get("shape") or {})
+    for p in wl.points:
+        label = shape_short(p.shape)
         if label not in weights:
             shapes.append(label)
-            weights[label] = float(p.get("weight") or 0)
-        if p.get("variant") != baseline and _ok(p.get("speedup")):
-            series.setdefault(p["variant"], {})[label] = p["speedup"]
+            weights[label] = float(p.weight or 0)
+        if p.variant != baseline and _ok(p.speedup):
+            series.setdefault(p.variant, {})[label] = p.speedup
     if not series:
         return None
     total = sum(weights.values()) or 1.0
@@ -103,22 +102,20 @@ def speedups(entry: Entry, stored: StoredResult) -> dict | None:
         "shapes": shapes,
         "weights": [weights[s] / total for s in shapes],
         "series": {v: [series[v].get(s) for s in shapes] for v in order},
-        "geomean": {s["variant"]: s["geomean_speedup"] for s in wl.get("summary") or []
-                    if _ok(s.get("geomean_speedup"))},
+        "geomean": {s.variant: s.geomean_speedup for s in wl.summary if _ok(s.geomean_speedup)},
     }
 
 
 def amdahl(entry: Entry, stored: StoredResult, colors: dict[str, str]) -> dict | None:
-    e = stored.result.end_to_end or {}
-    need = ("baseline_us", "kernel_share", "kernel_speedup")
-    if e.get("status", "ok") != "ok" or not all(_ok(e.get(k)) for k in need):
+    e = stored.result.end_to_end
+    if e.status != "ok" or not all(_ok(x) for x in (e.baseline_us, e.kernel_share, e.kernel_speedup)):
         return None
-    return {"hardware": plain(stored.hardware_name), "baseline": plain(e.get("baseline", "baseline")),
-            "variant": plain(e.get("variant", "variant")), "baseline_us": e["baseline_us"],
-            "variant_us": e.get("variant_us") if _ok(e.get("variant_us")) else None,
-            "kernel_share": e["kernel_share"], "kernel_speedup": e["kernel_speedup"],
-            "color_base": colors.get(e.get("baseline"), "#7f7f7f"),
-            "color_variant": colors.get(e.get("variant"), "#0072B2")}
+    return {"hardware": plain(stored.hardware_name), "baseline": plain(e.baseline),
+            "variant": plain(e.variant), "baseline_us": e.baseline_us,
+            "variant_us": e.variant_us if _ok(e.variant_us) else None,
+            "kernel_share": e.kernel_share, "kernel_speedup": e.kernel_speedup,
+            "color_base": colors.get(e.baseline, "#7f7f7f"),
+            "color_variant": colors.get(e.variant, "#0072B2")}
 
 
 def best_variant(entry: Entry, stored: StoredResult) -> str | None:
@@ -155,7 +152,7 @@ def atlas(hardware_name: str, pairs: list[tuple[Entry, StoredResult]]) -> dict |
             "datasheet": datasheet_roofs(hw, {p.dtype for p in used})}
 
 
-def ceilings(hardware_name: str, hw: dict) -> dict:
+def ceilings(hardware_name: str, hw: Hardware) -> dict:
     return {"hardware": plain(hardware_name), "measured": measured_roofs(hw), "datasheet": datasheet_roofs(hw)}
 
 

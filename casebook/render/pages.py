@@ -18,7 +18,7 @@ from markupsafe import Markup
 from casebook.render import links, outlook, text, views
 from casebook.render.book import Book, Entry, kernel_source
 from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
-from casebook.schema import Record
+from casebook.schema import Environment, Hardware
 
 
 def _finalize(value: object) -> object:
@@ -291,9 +291,9 @@ def hardware(book: Book, images: dict[str, str]) -> str:
         latest = max(results, key=lambda r: r.result.started_at)
         hw = latest.result.hardware
         machines.append({"name": latest.hardware_name, "slug": slug, "anchor": links.anchor(slug),
-                         "kind": hw.get("kind") or "–",
+                         "kind": hw.kind or "–",
                          "rows": _ceiling_rows(hw, [r.result.hardware for r in results], latest.result.environment),
-                         **_source((hw.get("datasheet") or {}).get("source")),
+                         **_source(hw.datasheet.source if hw.datasheet is not None else None),
                          "environment": views._items(_environment(latest.result.environment)),
                          "date": latest.result.started_at, "cases": len(results),
                          "image": links.rel(page, images[slug]) if slug in images else None})
@@ -308,48 +308,37 @@ def _source(source: object) -> dict:
     return {"source_url": None, "source_note": " ".join(words)}
 
 
-def _environment(env: dict) -> dict:
-    """What the hardware page shows of a run's environment; the driver under the name the run stored it
-    by (`driver_version`, or `driver` in older results)."""
-    keys = {"device_name": "device_name", "cpu": "cpu", "cpu_count": "cpu_count", "sm_count": "sm_count",
-            "memory_gb": "memory_gb", "driver": ("driver_version", "driver"), "cuda": "cuda", "torch": "torch",
-            "triton": "triton", "python": "python", "platform": "platform"}
-    out = {}
-    for shown, stored in keys.items():
-        value = next((env.get(k) for k in ((stored,) if isinstance(stored, str) else stored) if env.get(k)), None)
-        if value is not None or shown in ("driver", "cuda"):
-            out[shown] = value
-    return out
+def _environment(env: Environment) -> dict:
+    """What the hardware page shows of a run's environment."""
+    values = {"device_name": env.device_name, "cpu": env.cpu, "cpu_count": env.cpu_count, "sm_count": env.sm_count,
+              "memory_gb": env.memory_gb, "driver": env.driver_version, "cuda": env.cuda, "torch": env.torch,
+              "triton": env.triton, "python": env.python, "platform": env.platform}
+    return {shown: value or None for shown, value in values.items() if value or shown in ("driver", "cuda")}
 
 
-def _ceiling_rows(hw: dict, every: list[dict], environment: dict | None = None) -> list[dict]:
+def _ceiling_rows(hw: Hardware, every: list[Hardware], environment: Environment | None = None) -> list[dict]:
     """The latest result's ceilings beside their datasheet peaks, and the range each took over every stored
     result of the machine (a ceiling is measured once per run, and a GPU's clock moves with its load)."""
-    d = hw.get("datasheet") or {}
-    peaks = d.get("peak_tflops") or {}
-    ceilings = [("copy bandwidth", "GB/s", ("copy_gbps", ), d.get("bandwidth_gbps"))]
-    for dtype in dict.fromkeys([*((hw.get("measured") or {}).get("matmul_tflops") or {}), *peaks]):
-        ceilings.append((f"{dtype} matmul", "TFLOP/s", ("matmul_tflops", dtype), peaks.get(dtype)))
-    ceilings += [("kernel launch", "µs", ("launch_us", ), None),
-                 ("CUDA-graph launch", "µs", ("graph_launch_us", ), None)]
-    rows = [_ceiling(what, unit, _measured(hw, key), peak, [_measured(h, key) for h in every])
-            for what, unit, key, peak in ceilings]
-    topo = hw.get("topology") or {}
-    if topo.get("bus_gbps"):  # a multi-device run: the interconnect's ceiling, a large all-reduce's bus bandwidth
-        rows.append(_ceiling(f"interconnect ({topo.get('link', '?')}, {topo.get('devices')} devices): all-reduce "
-                             "bus bandwidth", "GB/s", topo["bus_gbps"], d.get("link_gbps"),
-                             [(h.get("topology") or {}).get("bus_gbps") for h in every]))
-    l2 = (environment or {}).get("l2_mb")  # the device reports its L2 size: recorded by the run
-    if d.get("l2_mb") or l2:
-        rows.append(_ceiling("L2 cache (size the device reports)", "MB", l2, d.get("l2_mb"), []))
+    d = hw.datasheet
+    peaks = (d.peak_tflops if d is not None else None) or {}
+    ceilings = [("copy bandwidth", "GB/s", lambda m: m.copy_gbps, d.bandwidth_gbps if d is not None else None)]
+    for dtype in dict.fromkeys([*hw.measured.matmul_tflops, *peaks]):
+        ceilings.append((f"{dtype} matmul", "TFLOP/s", lambda m, dtype=dtype: m.matmul_tflops.get(dtype),
+                         peaks.get(dtype)))
+    ceilings += [("kernel launch", "µs", lambda m: m.launch_us, None),
+                 ("CUDA-graph launch", "µs", lambda m: m.graph_launch_us, None)]
+    rows = [_ceiling(what, unit, measured(hw.measured), peak, [measured(h.measured) for h in every])
+            for what, unit, measured, peak in ceilings]
+    topo = hw.topology  # a multi-device run: the interconnect's ceiling, a large all-reduce's bus bandwidth
+    if topo is not None and topo.bus_gbps:
+        rows.append(_ceiling(f"interconnect ({topo.link or '?'}, {topo.devices} devices): all-reduce "
+                             "bus bandwidth", "GB/s", topo.bus_gbps, d.link_gbps if d is not None else None,
+                             [h.topology.bus_gbps if h.topology is not None else None for h in every]))
+    l2 = environment.l2_mb if environment is not None else None  # the device reports its L2 size: recorded by the run
+    sheet_l2 = d.l2_mb if d is not None else None
+    if sheet_l2 or l2:
+        rows.append(_ceiling("L2 cache (size the device reports)", "MB", l2, sheet_l2, []))
     return rows
-
-
-def _measured(hw: dict, key: tuple[str, ...]) -> object:
-    value: object = hw.get("measured") or {}
-    for k in key:
-        value = value.get(k) if isinstance(value, (dict, Record)) else None
-    return value
 
 
 def _ceiling(what: str, unit: str, measured: object, datasheet: object, every: list[object]) -> dict:

@@ -13,7 +13,7 @@ from casebook.render import links, text
 from casebook.render.book import Book, Entry, StoredResult
 from casebook.render.figures import best_variant, link_gbps, measured_roofs
 from casebook.roofline import host_bound, ridge_point
-from casebook.schema import Point
+from casebook.schema import CounterRow, EndToEndResult, Point, WorkloadSummary
 
 
 @dataclass
@@ -95,38 +95,38 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
     for p in sorted(r.kernel_level, key=lambda p: (shapes[text.shape_short(p.shape)], order.get(p.variant, 99))):
         m.level1.setdefault(p.dtype, []).append(_level1_row(p, entry.case.kernel.baseline))
     m.memory = any(p.peak_memory_bytes is not None for p in r.kernel_level)
-    wl = r.workload_level or {}
-    m.level2_summary = [{"variant": s.get("variant"), "geomean": text.times(s.get("geomean_speedup")),
-                         "worst": text.times(s.get("worst_speedup")),
-                         "worst_shape": text.shape(s.get("worst_shape") or {}),
-                         "regressions": _regressions(s, wl.get("points") or []),
-                         "good": _ok(s.get("worst_speedup")) and s["worst_speedup"] >= 1}
-                        for s in wl.get("summary") or []]
+    wl = r.workload_level
+    m.level2_summary = [{"variant": s.variant, "geomean": text.times(s.geomean_speedup),
+                         "worst": text.times(s.worst_speedup),
+                         "worst_shape": text.shape(s.worst_shape or {}),
+                         "regressions": _regressions(s, wl.points),
+                         "good": _ok(s.worst_speedup) and s.worst_speedup >= 1}
+                        for s in wl.summary]
     measured = [p for p in r.kernel_level if p.status in ("ok", "checked")]
     m.shapes_measured = "; ".join(dict.fromkeys(text.shape(p.shape) for p in measured))
     m.dtypes_measured = ", ".join(dict.fromkeys(p.dtype for p in measured))
     bus = link_gbps(r.hardware, [p for p in r.kernel_level if p.status == "ok"])
     if bus:
-        topo = r.hardware.get("topology") or {}
-        m.link = (f"{topo.get('link', 'the link')} between {topo.get('devices')} devices, "
+        topo = r.hardware.topology
+        m.link = (f"{topo.link or 'the link'} between {topo.devices} devices, "
                   f"{text.num(bus)} GB/s of all-reduce bus bandwidth")
-    m.level2_points = _level2_table(entry, wl.get("points") or [])
+    m.level2_points = _level2_table(entry, wl.points)
     m.level2_variants = [v.name for v in entry.case.kernel.variants
                          if any(v.name in row["speedups"] for row in m.level2_points)]
     applicable = [c for c in r.claims if c.held is not None]
     m.claims_held = f"{sum(c.held is True for c in applicable)} of {len(applicable)} held" if applicable else "n/a here"
     m.command = r.command
     m.result_file = f"results/{stored.path.parent.name}/{stored.path.name}"
-    m.e2e = _e2e(r.end_to_end or {})
+    m.e2e = _e2e(r.end_to_end)
     m.claims = [{"text": c.text, "held": c.held, "detail": c.detail} for c in r.claims]
-    m.counters = [{"variant": c.get("variant"), "shape": text.shape_short(c.get("shape") or {}),
-                   "dtype": c.get("dtype"), "modelled": text.nbytes(c.get("modelled_bytes")),
-                   "measured": text.nbytes(c.get("measured_bytes")), "gap": _gap(c)} for c in r.counters]
-    m.environment = _items(r.environment)
-    m.protocol = _items(r.protocol)
-    m.first_calls = [(v["name"], f"{text.num(v['first_call_s'], 3)} s "
-                                 f"(slowest shape {text.num(v.get('first_call_s_max'), 3)} s)")
-                     for v in r.variants if isinstance(v.get("first_call_s"), (int, float))]
+    m.counters = [{"variant": c.variant, "shape": text.shape_short(c.shape),
+                   "dtype": c.dtype, "modelled": text.nbytes(c.modelled_bytes),
+                   "measured": text.nbytes(c.measured_bytes), "gap": _gap(c)} for c in r.counters]
+    m.environment = _items(r.environment.model_dump(exclude_unset=True))
+    m.protocol = _items(r.protocol.model_dump(exclude_unset=True))
+    m.first_calls = [(v.name, f"{text.num(v.first_call_s, 3)} s "
+                              f"(slowest shape {text.num(v.first_call_s_max, 3)} s)")
+                     for v in r.variants if isinstance(v.first_call_s, (int, float))]
     return m
 
 
@@ -169,20 +169,20 @@ def _memory(p: Point) -> str:
     return f"{text.nbytes(p.peak_memory_bytes)}{ratio}"
 
 
-def _regressions(summary: dict, points: list[dict]) -> str:
+def _regressions(summary: WorkloadSummary, points: list[Point]) -> str:
     """The shapes where the variant is slower than the baseline, and the ones where it was never timed
     (failed, crashed, skipped), with the reason: a variant that failed everywhere has no regression to
     list, and 'none' would read as a clean bill."""
-    slower = ", ".join(text.shape_short(x) for x in summary.get("regressions") or [])
-    mine = [p for p in points if p.get("variant") == summary.get("variant")]
-    untimed = [p for p in mine if p.get("status") not in ("ok", "checked")]
+    slower = ", ".join(text.shape_short(x) for x in summary.regressions or [])
+    mine = [p for p in points if p.variant == summary.variant]
+    untimed = [p for p in mine if p.status not in ("ok", "checked")]
     if not untimed:
         return slower or "none"
-    by: dict[str, list[dict]] = {}
+    by: dict[str, list[Point]] = {}
     for p in untimed:
-        by.setdefault(str(p.get("status")), []).append(p)
+        by.setdefault(str(p.status), []).append(p)
     first = untimed[0]
-    reason = f" (first: {first.get('error')})" if first.get("error") else ""
+    reason = f" (first: {first.error})" if first.error else ""
     counts = ", ".join(f"{p_status} at {len(ps)}" for p_status, ps in by.items())
     every = len(untimed) == len(mine)
     return (f"{'every shape' if every else 'not timed'}: {counts} of {len(mine)} shapes{reason}"
@@ -201,47 +201,44 @@ def _regime(p: Point) -> str:
     return regime
 
 
-def _level2_table(entry: Entry, points: list[dict]) -> list[dict]:
+def _level2_table(entry: Entry, points: list[Point]) -> list[dict]:
     """One row per workload shape: weight, source, and each variant's speedup."""
     rows: dict[str, dict] = {}
     for p in points:
-        label = text.shape_short(p.get("shape") or {})
-        row = rows.setdefault(label, {"shape": label, "weight": p.get("weight"), "source": p.get("source") or "",
+        label = text.shape_short(p.shape)
+        row = rows.setdefault(label, {"shape": label, "weight": p.weight, "source": p.source or "",
                                       "speedups": {}})
-        if p.get("variant") != entry.case.kernel.baseline:
-            row["speedups"][p.get("variant")] = text.times(p.get("speedup")) if p.get("status") == "ok" else (
-                p.get("status") or "–")
+        if p.variant != entry.case.kernel.baseline:
+            row["speedups"][p.variant] = text.times(p.speedup) if p.status == "ok" else (p.status or "–")
     total = sum(r["weight"] or 0 for r in rows.values()) or 1
     for r in rows.values():
         r["weight"] = text.pct((r["weight"] or 0) / total)
     return list(rows.values())
 
 
-def _e2e(e: dict) -> dict:
-    if not e:
-        return {"status": "absent"}
-    if e.get("status", "ok") != "ok":
-        out = {"status": e.get("status"), "reason": e.get("error") or e.get("reason") or ""}
-        if _ok(e.get("kernel_share")):  # the baseline was timed: its kernel share is a measurement, shown
-            out.update(share=text.pct(e["kernel_share"]), baseline=e.get("baseline"),
-                       baseline_us=text.us(e.get("baseline_us")),
-                       baseline_kernel_us=text.us(e.get("baseline_kernel_us")),
-                       shape=text.shape(e.get("shape") or {}), dtype=e.get("dtype"))
+def _e2e(e: EndToEndResult) -> dict:
+    if e.status != "ok":
+        out = {"status": e.status, "reason": e.error or ""}
+        if _ok(e.kernel_share):  # the baseline was timed: its kernel share is a measurement, shown
+            out.update(share=text.pct(e.kernel_share), baseline=e.baseline,
+                       baseline_us=text.us(e.baseline_us),
+                       baseline_kernel_us=text.us(e.baseline_kernel_us),
+                       shape=text.shape(e.shape), dtype=e.dtype)
         return out
-    return {"status": "ok", "shape": text.shape(e.get("shape") or {}), "dtype": e.get("dtype"),
-            "baseline": e.get("baseline"), "variant": e.get("variant"),
-            "baseline_us": text.us(e.get("baseline_us")), "variant_us": text.us(e.get("variant_us")),
-            "share": text.pct(e.get("kernel_share")), "kernel": text.times(e.get("kernel_speedup")),
-            "amdahl": text.times(e.get("amdahl_speedup")), "measured": text.times(e.get("measured_speedup"))}
+    return {"status": "ok", "shape": text.shape(e.shape), "dtype": e.dtype,
+            "baseline": e.baseline, "variant": e.variant,
+            "baseline_us": text.us(e.baseline_us), "variant_us": text.us(e.variant_us),
+            "share": text.pct(e.kernel_share), "kernel": text.times(e.kernel_speedup),
+            "amdahl": text.times(e.amdahl_speedup), "measured": text.times(e.measured_speedup)}
 
 
-def _gap(c: dict) -> str:
-    g = c.get("gap")
+def _gap(c: CounterRow) -> str:
+    g = c.gap
     if _ok(g):
         return f"{g:+.1%}"
-    if c.get("not_applicable"):
-        return f"not applicable: {c['not_applicable']}"
-    return "no counters" if c.get("error") else "–"
+    if c.not_applicable:
+        return f"not applicable: {c.not_applicable}"
+    return "no counters" if c.error else "–"
 
 
 def _items(d: dict) -> list[tuple[str, str]]:
@@ -292,8 +289,8 @@ def outcome(entry: Entry) -> dict:
         return {**none, "on": stored.slug}
     r = stored.result
     fracs = [p.roof_fraction for p in r.kernel_level if p.variant == best and _ok(p.roof_fraction)]
-    geo = next((s.get("geomean_speedup") for s in (r.workload_level or {}).get("summary") or []
-                if s.get("variant") == best and _ok(s.get("geomean_speedup"))), None)
+    geo = next((s.geomean_speedup for s in r.workload_level.summary
+                if s.variant == best and _ok(s.geomean_speedup)), None)
     if geo is None:
         ups = [p.speedup for p in r.kernel_level if p.variant == best and _ok(p.speedup)]
         geo = statistics.median(ups) if ups else None
