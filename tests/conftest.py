@@ -44,10 +44,17 @@ def empty_result(slug: str = "nvidia-h200", measured: dict | None = None, **fiel
         "claims": [], **fields}
 
 
+KERNELS = REPO / "tests" / "kernels"
+"""The kernels' own checks (Triton's interpreter over each case's rungs, shapes and dtypes): marked `kernels`,
+so the harness's quick loop can leave them out and a kernel's author can run its file alone."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if KERNELS in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.kernels)
 
 
 @pytest.fixture
