@@ -91,7 +91,7 @@ def target_roofs(target: str, registry: dict[str, dict], source: Result,
         raise ProjectionError(f"--to {target}: not in the hardware registry; known: {', '.join(sorted(registry))}")
     spec = registry[target]
     own = (measured or {}).get(target)
-    if own:
+    if own is not None:
         return MachineRoofs(target, spec["name"], dict(own.matmul_tflops), own.copy_gbps, spec["sm_count"],
                             "measured on the target")
     src_sheet = source.hardware.datasheet

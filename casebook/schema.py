@@ -464,42 +464,10 @@ def _numel(dims: list[str], shape: dict[str, int]) -> int:
 
 
 class Record(BaseModel):
-    """Base for result records: written by casebook; a field not declared here is an error.
-
-    Also read as the mapping of the fields the stored JSON gave (`get`, `[]`, `in`, `items`), as the
-    readers that took these records as dicts still do."""
+    """Base for result records: written by casebook; a field not declared here is an error. Read by attribute;
+    `model_dump(exclude_unset=True)` gives the keys the stored JSON had."""
 
     model_config = ConfigDict(extra="forbid")
-
-    def _given(self) -> dict[str, str]:
-        """{stored key: field name} of the fields set, in declaration order."""
-        return {f.alias or name: name for name, f in type(self).model_fields.items() if name in self.model_fields_set}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        name = self._given().get(key)
-        return default if name is None else getattr(self, name)
-
-    def __getitem__(self, key: str) -> Any:
-        name = self._given().get(key)
-        if name is None:
-            raise KeyError(key)
-        return getattr(self, name)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._given()
-
-    def __len__(self) -> int:
-        return len(self.model_fields_set)
-
-    def keys(self) -> list[str]:
-        return list(self._given())
-
-    def items(self) -> list[tuple[str, Any]]:
-        """The fields set, as plain JSON values (nested records as dicts)."""
-        return list(self.model_dump(exclude_unset=True).items())
-
-    def values(self) -> list[Any]:
-        return [v for _, v in self.items()]
 
 
 ShapeDims = dict[str, int]

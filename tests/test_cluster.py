@@ -54,7 +54,7 @@ def test_two_cpu_cases_run_as_ray_tasks_and_land_with_the_caller(local_ray, smal
 
     for name in ("scaled_add", "scaled_add_b"):
         stored = results.load(out / local_ray / f"{name}.json")
-        assert stored.environment["device"]["cuda_visible_devices"] in ("0", "1")
+        assert stored.environment.device.cuda_visible_devices in ("0", "1")
         assert stored.argv[:3] == ["casebook", "run", f"cases/{name}.yaml"] and "--quick" in stored.argv
         assert not {"--ray", "--hardware", "--json", "cases/scaled_add_b.yaml"} & set(stored.argv[3:])
 

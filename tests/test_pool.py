@@ -157,7 +157,7 @@ def test_cpu_cases_over_two_fake_devices_land_whole_as_each_ends_and_a_killed_on
     assert files == [f"{slug}/scaled_add.json", f"{slug}/scaled_add_b.json"]  # no temp file, no checkpoint
     for o in (a, b):
         stored = results.load(out / slug / f"{o.job.case.stem}.json")
-        assert stored.environment["device"]["cuda_visible_devices"] == o.devices[0]
+        assert stored.environment.device.cuda_visible_devices == o.devices[0]
         assert stored.argv == ["casebook", "run", o.job.case.as_posix(), "--quick"]
         assert all(p.status in ("ok", "checked") for p in stored.kernel_level), stored.kernel_level
 
