@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from casebook.run import placement
-from casebook.schema import Case
+from casebook.schema import Case, Result
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 GAP_FLAG = 0.10
@@ -41,15 +41,16 @@ def _numel(shape: dict) -> int:
     return n
 
 
-def read(case: Case, doc: dict, progress: Callable[[str], None] = print) -> list[dict]:
-    """Modelled against measured DRAM bytes for every variant that runs on the GPU, at one large shape."""
+def read(case: Case, result: Result, progress: Callable[[str], None] = print) -> list[dict]:
+    """Modelled against measured DRAM bytes for every variant that runs on the GPU (in `result`, the run's
+    measurement), at one large shape: rows of `Result.counters`."""
     ncu = shutil.which("ncu") or next((str(p) for p in Path("/opt/nvidia").glob("nsight-compute/*/ncu")), None)
-    if ncu is None or doc["hardware"]["kind"] != "gpu":
+    if ncu is None or result.hardware.kind != "gpu":
         progress("counters: Nsight Compute (ncu) not found or no GPU here; skipped")
         return []
     shape, dtype = _counters_shape(case), case.levels.kernel.dtypes[0]
     rows = []
-    measured_here = {v["name"] for v in doc["variants"] if v.get("device") == "cuda"}
+    measured_here = {v.name for v in result.variants if v.device == "cuda"}
     for v in case.kernel.variants:
         if placement(v, on_gpu=True) != ("cuda", True) or v.name not in measured_here:
             continue

@@ -36,7 +36,8 @@ RETRIES = 1
 _ctx = mp.get_context("spawn")  # a fresh interpreter: CUDA_VISIBLE_DEVICES is set before torch is imported
 
 Work = Callable[[Path, dict, Callable[[str, dict], None]], dict]
-"""`work(case, args, progress) -> result document`: a module-level function (pickled by name)."""
+"""`work(case, args, progress) -> result document`: a module-level function (pickled by name); the document
+is plain JSON data (`results.document` of a `Result`), which the caller validates where it lands."""
 
 
 @dataclass(frozen=True)

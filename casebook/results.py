@@ -1,4 +1,9 @@
-"""Stored results: versioned JSON at results/<hardware-slug>/<case-id>.json, written atomically."""
+"""Stored results: versioned JSON at results/<hardware-slug>/<case-id>.json, written atomically.
+
+`save` / `save_as` (a `Result` in) and `load` (a `Result` out) are the ways between a result and its file (the
+`.json.partial` checkpoint included); `document` is the JSON a result is stored as, and what crosses a process
+boundary (a pool's worker, a Ray task). `casebook.validate`'s result checks alone still read the raw JSON.
+"""
 
 from __future__ import annotations
 
@@ -54,27 +59,41 @@ def runs_dir() -> Path:
     return CACHE_DIR / "runs"
 
 
-def run_path(runs: Path, doc: dict) -> Path:
+def run_path(runs: Path, result: Result) -> Path:
     """`<runs>/<hardware-slug>/<case-id>/<UTC start, 20261202T070430Z>.json`: one file per run."""
-    stamp = doc["started_at"].replace("-", "").replace(":", "").replace("+0000", "Z")
-    return Path(runs) / doc["hardware"]["slug"] / doc["case_id"] / f"{stamp}.json"
+    stamp = result.started_at.replace("-", "").replace(":", "").replace("+0000", "Z")
+    return Path(runs) / result.hardware.slug / result.case_id / f"{stamp}.json"
 
 
-def save(doc: dict, results_dir: Path) -> Path:
+def document(result: Result) -> dict:
+    """The result as stored: plain JSON data, the fields it was given (no defaults added), by their aliases."""
+    return result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _a_result(result: Result) -> None:
+    if not isinstance(result, Result):  # a document becomes a result through Result.model_validate, not here
+        raise TypeError(f"results.save and save_as take a Result, not a {type(result).__name__}")
+
+
+def save(result: Result, results_dir: Path) -> Path:
     """Write to `results_dir/<hardware-slug>/<case-id>.json` (`save_as`)."""
-    return save_as(doc, result_path(results_dir, doc["hardware"]["slug"], doc["case_id"]))
+    _a_result(result)
+    return save_as(result, result_path(results_dir, result.hardware.slug, result.case_id))
 
 
-def save_as(doc: dict, path: Path) -> Path:
-    """Validate and write atomically (temp file in the same folder, then rename): never a half-written result.
+def save_as(result: Result, path: Path) -> Path:
+    """Write `document(result)` atomically (temp file in the same folder, then rename): never a half-written
+    result, and only what `load` reads back (the document is validated again before it is written).
 
     A complete result replaces the checkpoint beside it; an incomplete one is written as the checkpoint
     (`<path>.partial`).
     """
+    _a_result(result)
+    doc = document(result)
     Result.model_validate(doc)
     path = Path(path)
     checkpoint = path.with_name(path.name + PARTIAL)
-    if doc.get("complete") is False:
+    if result.complete is False:
         path = checkpoint
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")

@@ -9,6 +9,7 @@ import importlib.util
 import math
 import os
 import re
+import shlex
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from casebook.measure import work as measure_work
 from casebook.oracle import OracleTask
 from casebook.oracle import work as oracle_work
 from casebook.provenance import case_sha256, imported_closure, kernel_path, kernel_sha256, measurement_sha256
-from casebook.schema import RESULT_SCHEMA_VERSION, Case, Variant, shape_label
+from casebook.schema import RESULT_SCHEMA_VERSION, Case, Result, Variant, shape_label
 from casebook.traffic import INTENSITY_TOLERANCE
 
 Progress = Callable[[str, dict], None]
@@ -103,24 +104,26 @@ def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
 
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
              progress: Progress | None = None, ceilings: dict | None = None,
-             checkpoint: Callable[[dict], None] | None = None, counters: bool = False,
-             case: Case | None = None) -> dict:
-    """Run one case end to end and return the result document (not yet stored).
+             checkpoint: Callable[[Result], None] | None = None, counters: bool = False,
+             case: Case | None = None, argv: list[str] | None = None) -> Result:
+    """Run one case end to end: plan, run, and the validated `Result` (not yet kept or stored).
 
-    `checkpoint`, if given, receives the document as it stands after each variant (marked
+    `checkpoint`, if given, receives the result as it stands after each variant (marked
     `complete: false`), so a run cut short by a time limit still leaves what it measured. With `counters`,
     the DRAM bytes of each GPU variant under Nsight Compute (`casebook.counters`), read after the run is
     complete and handed to `checkpoint` once more: a profiler cut short loses nothing else. `case`: the case
-    at `path`, where the caller has loaded it (it is loaded once a run).
+    at `path`, where the caller has loaded it (it is loaded once a run). `argv`: the command line that asked
+    for the run, stored with it (`argv`, and `command` as one line: every flag kept, for the page's
+    Reproduce); without it, the command is spelled from the options given here.
     """
     progress = progress or (lambda event, info: None)
     case = case or load_case(path)
     ident = hardware.identify(devices=case.kernel.devices)
     on_gpu = ident["kind"] == "gpu"
     progress("ceilings", {"hardware": ident["name"]})
-    run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu, "only": only, "quick": quick,
-           "started": _now(), "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(),
-           "loaded": set(),
+    run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu,
+           "command": command_line(Path(path), only, quick, counters, argv), "argv": argv, "started": _now(),
+           "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(), "loaded": set(),
            "env": hardware.environment()}
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
                       cpu_threads=interference.cpu_threads())
@@ -137,14 +140,25 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)  # one oracle: it runs no variant
     run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
     doc = assemble(run, protocol, groups, outcomes, complete=True)
+    result = Result.model_validate(doc)
     if counters:
         from casebook import counters as counters_mod
 
-        doc["command"] += " --counters"
         if checkpoint is not None:
-            checkpoint(doc)
-        doc["counters"] = counters_mod.read(case, doc, progress=lambda msg: progress("note", {"message": msg}))
-    return doc
+            checkpoint(result)
+        rows = counters_mod.read(case, result, progress=lambda msg: progress("note", {"message": msg}))
+        result = Result.model_validate({**doc, "counters": rows})
+    return result
+
+
+def command_line(path: Path, only: list[str] | None, quick: bool, counters: bool,
+                 argv: list[str] | None = None) -> str:
+    """The command a result names: `argv` as one shell line where the caller gave it, else spelled from the
+    run's options."""
+    if argv:
+        return shlex.join(argv)
+    return (f"casebook run {path.as_posix()}" + (" --quick" if quick else "")
+            + "".join(f" --variant {v}" for v in only or []) + (" --counters" if counters else ""))
 
 
 def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:
@@ -162,7 +176,8 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
                            oracle=run["oracle"])
         outcomes[name] = list(zip(tasks, payloads))
         if checkpoint is not None and len(outcomes) < len(groups):
-            checkpoint(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes, complete=False))
+            checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes,
+                                                      complete=False)))
 
     run["intensity"] = intensity_check(case, run["oracle"].request(traffic_task(case), timeout_s))
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
@@ -278,7 +293,8 @@ def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> lis
 
 
 def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, complete: bool) -> dict:
-    """The result document from the variants measured so far: points, the three levels, the claims."""
+    """The result document from the variants measured so far: points, the three levels, the claims. A plain
+    dict, the run's own assembly: `run_case` validates it into the `Result` that leaves the run."""
     case, on_gpu = run["case"], run["on_gpu"]
     kernel_points, workload_points, e2e_runs, variants = [], [], {}, []
     weights = {shape_label(w.shape): w for w in (case.levels.workload.shapes if on_gpu
@@ -348,13 +364,11 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
             protocol_doc["l2_flush_bytes"] = l2_flush_bytes()
         except Exception:  # the flush size is a record, not a requirement
             pass
-    path, only = run["path"], run["only"]
     return {
         "schema_version": RESULT_SCHEMA_VERSION,
         "case_id": case.id,
         **run["sources"],
-        "command": f"casebook run {path.as_posix()}" + (" --quick" if run["quick"] else "")
-                   + "".join(f" --variant {v}" for v in only or []),
+        "command": run["command"],
         "complete": complete,
         "started_at": run["started"],
         "finished_at": _now(),
@@ -369,6 +383,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "stability": stability.summary(kernel_points + workload_points),
         "arithmetic_intensity": run.get("intensity"),
         "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e, _paired(run)),
+        **({"argv": list(run["argv"])} if run.get("argv") else {}),
     }
 
 
@@ -407,9 +422,9 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def failed(doc: dict) -> bool:
+def failed(result: Result) -> bool:
     """True when any check failed, any variant crashed or timed out, or any claim failed."""
-    points = doc["kernel_level"] + doc["workload_level"]["points"]
-    bad = any(p.get("status") in ("failed", "crashed", "timeout") for p in points)
-    bad |= doc["end_to_end"].get("status") == "failed"
-    return bad or any(c["held"] is False for c in doc["claims"])
+    points = result.kernel_level + result.workload_level.points
+    bad = any(p.status in ("failed", "crashed", "timeout") for p in points)
+    bad |= result.end_to_end.status == "failed"
+    return bad or any(c.held is False for c in result.claims)

@@ -21,6 +21,7 @@ import pytest
 
 import casebook.kernels
 from casebook import run
+from casebook.schema import Point, Result
 
 from conftest import REPO
 
@@ -97,7 +98,7 @@ writeup: {{gap: "None.", remaining_bottleneck: "None."}}
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
-    """`run_case` on the attacks case, once: (document, marks folder, the grandchild's late file)."""
+    """`run_case` on the attacks case, once: (result, marks folder, the grandchild's late file)."""
     book = tmp_path_factory.mktemp("book")
     (book / "cases").mkdir()
     path = book / "cases" / "attacks.yaml"
@@ -109,43 +110,43 @@ def attacked(tmp_path_factory):
         mp.setenv("ATTACKS_MARKS", str(marks))
         mp.setenv("ATTACKS_LATE_FILE", str(late))
         mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(ATTACKS_DIR)])
-        doc = run.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
-    return doc, marks, late
+        result = run.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
+    return result, marks, late
 
 
-def point(doc: dict, name: str) -> dict:
-    [p] = [p for p in doc["kernel_level"] if p["variant"] == name]
+def point(result: Result, name: str) -> Point:
+    [p] = [p for p in result.kernel_level if p.variant == name]
     return p
 
 
 @pytest.mark.parametrize("name", sorted(CAUGHT))
 def test_attack_is_caught(attacked, name):
-    doc, marks, _ = attacked
+    result, marks, _ = attacked
     assert (marks / name).exists(), f"{name} never cheated: the test proves nothing"
-    for p in [point(doc, name)] + [w for w in doc["workload_level"]["points"] if w["variant"] == name]:
-        assert p["status"] == "failed", p
-        assert p["correct"] is False and "median_us" not in p, p
+    for p in [point(result, name)] + [w for w in result.workload_level.points if w.variant == name]:
+        assert p.status == "failed", p
+        assert p.correct is False and p.median_us is None, p
     if CAUGHT[name]:  # at the level-1 point (16384 rows: one zero row is about 1% of the norm, under bf16's 2%)
-        assert CAUGHT[name] in point(doc, name)["error"], point(doc, name)["error"]
+        assert CAUGHT[name] in point(result, name).error, point(result, name).error
 
 
 @pytest.mark.parametrize("name", HARMLESS)
 def test_honest_answers_are_ok(attacked, name):
-    doc, marks, _ = attacked
-    p = point(doc, name)
-    assert p["status"] == "ok" and p["correct"], p
+    result, marks, _ = attacked
+    p = point(result, name)
+    assert p.status == "ok" and p.correct, p
     assert not (marks / name).exists(), f"{name} cheated and was reported ok"
 
 
 def test_the_timer_patch_is_named(attacked):
-    error = point(attacked[0], "patches_timer")["error"]
+    error = point(attacked[0], "patches_timer").error
     assert "time.perf_counter" in error, error
 
 
 def test_every_call_of_a_point_is_judged_in_the_parent(attacked):
     """Two checks, a sample of the timed calls and the call after timing: five outputs per timed point."""
     p = point(attacked[0], "honest")
-    assert p["checked_calls"] == 5 and p["max_row_err"] <= 1e-2
+    assert p.checked_calls == 5 and p.max_row_err <= 1e-2
 
 
 def test_a_grandchild_does_not_outlive_its_parent(attacked):
@@ -159,10 +160,10 @@ def test_a_grandchild_does_not_outlive_its_parent(attacked):
 def test_the_stored_document_is_judged_and_loadable(attacked, tmp_path):
     from casebook import results
 
-    doc = attacked[0]
-    assert run.failed(doc)
-    stored = results.load(results.save(doc, tmp_path))
-    assert stored.case_id == "attacks"
+    result = attacked[0]
+    assert run.failed(result)
+    stored = results.load(results.save(result, tmp_path))
+    assert stored == result and stored.case_id == "attacks"
 
 
 # --- the command line: SIGTERM, stdout ---------------------------------------------------------------------------

@@ -8,8 +8,10 @@ import subprocess
 
 from casebook import counters
 from casebook.load import load_case
+from casebook.schema import Result
 
 from conftest import SOFTMAX as CASE
+from conftest import empty_result
 
 
 def _csv(read: float, write: float, kernels: int) -> str:
@@ -35,10 +37,10 @@ def test_counters_sum_kernels_flag_gaps_and_record_what_does_not_apply(monkeypat
 
     monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
     monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
-    doc = {"hardware": {"kind": "gpu"},
-           "variants": [{"name": n, "device": "cuda"}
-                        for n in ("eager", "torch_softmax", "triton_onepass", "triton_online")]}
-    rows = {r["variant"]: r for r in counters.read(load_case(CASE), doc, progress=lambda msg: None)}
+    ran = Result.model_validate(empty_result(variants=[
+        {"name": n, "note": "-", "backends": ["cuda"], "device": "cuda", "mode": "timed"}
+        for n in ("eager", "torch_softmax", "triton_onepass", "triton_online")]))
+    rows = {r["variant"]: r for r in counters.read(load_case(CASE), ran, progress=lambda msg: None)}
 
     assert set(rows) == {"eager", "torch_softmax", "triton_onepass", "triton_online"}  # only what ran on the GPU
     assert rows["eager"]["kernels"] == 5 and rows["eager"]["measured_bytes"] == 4.2e9

@@ -13,8 +13,9 @@ import pytest
 
 from casebook import pool
 from casebook.pool import Job, cpu_shares, host_devices, run_pool, worker_env
+from casebook.schema import Result
 
-from conftest import FIXTURES
+from conftest import FIXTURES, empty_result
 
 WORK = FIXTURES / "pool"
 
@@ -142,7 +143,8 @@ def test_cpu_cases_over_two_fake_devices_land_whole_as_each_ends_and_a_killed_on
         elif kind == "done":
             o = info["outcome"]
             landed.append((o.job.case.stem, sorted(p.name for p in out.rglob("*"))))
-            results.save(o.doc, out)  # the caller writes, atomically, as each case ends
+            assert json.loads(json.dumps(o.doc)) == o.doc, "the run crosses the pipe as plain JSON data"
+            results.save(Result.model_validate(o.doc), out)  # the caller writes, atomically, as each case ends
 
     args = {"variants": None, "quick": True, "counters": False, "timeout": 300.0, "flags": ["--quick"]}
     jobs = [Job(Path("cases/scaled_add.yaml")), Job(Path("cases/scaled_add_b.yaml"))]
@@ -183,9 +185,12 @@ def test_run_refuses_a_case_that_does_not_load_before_running_any(small_book, cl
     assert not (small_book / "cache" / "runs").exists()
 
 
-def _doc(slug: str, kind: str, uuid: str, copy: float) -> dict:
-    return {"hardware": {"slug": slug, "kind": kind, "measured": {"copy_gbps": copy, "matmul_tflops": {"bf16": 800}}},
-            "environment": {"device": {"uuid": uuid}}}
+def _doc(slug: str, kind: str, uuid: str | None, copy: float) -> Result:
+    doc = empty_result(slug, measured={"copy_gbps": copy, "matmul_tflops": {"bf16": 800}, "launch_us": 5.0,
+                                       "graph_launch_us": 2.0})
+    doc["hardware"]["kind"] = kind
+    doc["environment"]["device"] = {"uuid": uuid}
+    return Result.model_validate(doc)
 
 
 def test_two_gpus_are_one_machine_to_the_site_only_where_their_ceilings_agree():

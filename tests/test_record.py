@@ -15,6 +15,7 @@ import pytest
 from test_stability import TINY_CASE
 
 from casebook.commands.record import refusal
+from casebook.schema import Result
 
 from conftest import REPO
 
@@ -30,16 +31,21 @@ def _slowed(doc: dict, factor: float) -> dict:
 
 
 def test_refusal_of_a_slower_or_noisier_run():
-    stored = json.loads(FIXTURE.read_text())
+    doc = json.loads(FIXTURE.read_text())
+    stored = Result.model_validate(doc)
+
+    def slowed(factor: float) -> Result:
+        return Result.model_validate(_slowed(doc, factor))
+
     assert refusal(stored, stored, stored_current=True) is None
-    assert "2.00x the stored ones" in refusal(_slowed(stored, 2.0), stored, stored_current=True)
-    assert refusal(_slowed(stored, 0.5), stored, stored_current=True) is None, "a faster run may replace it"
-    noisy = copy.deepcopy(stored)
+    assert "2.00x the stored ones" in refusal(slowed(2.0), stored, stored_current=True)
+    assert refusal(slowed(0.5), stored, stored_current=True) is None, "a faster run may replace it"
+    noisy = copy.deepcopy(doc)
     next(p for p in noisy["kernel_level"] if p.get("median_us"))["unstable"] = ["spread p90/p10 9.00 over 3"]
+    noisy = Result.model_validate(noisy)
     assert "1 unstable point(s), the stored result 0" in refusal(noisy, stored, stored_current=True)
-    assert refusal(_slowed(stored, 2.0), stored, stored_current=False) is None, "a stale result is replaced freely"
-    steady = _slowed(stored, 1.05)
-    assert refusal(steady, noisy, stored_current=True) is None, "a stored result check will not publish gives way"
+    assert refusal(slowed(2.0), stored, stored_current=False) is None, "a stale result is replaced freely"
+    assert refusal(slowed(1.05), noisy, stored_current=True) is None, "a stored result check will not publish gives way"
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -26,44 +26,47 @@ def leftovers(folder: Path) -> list[Path]:
 
 
 def test_save_writes_where_load_reads(doc, tmp_path):
-    path = save(doc, tmp_path)
+    result = Result.model_validate(doc)
+    path = save(result, tmp_path)
     expected = tmp_path / "cpu-x86-64-2c" / "softmax_fusion.json"
     assert path == result_path(tmp_path, "cpu-x86-64-2c", "softmax_fusion") == expected
-    assert json.loads(path.read_text()) == doc
-    assert load(path) == Result.model_validate(doc)
+    assert json.loads(path.read_text()) == doc == results.document(result), "the keys it was given, no defaults"
+    assert load(path) == result
     assert leftovers(tmp_path) == [], "no temporary file is left behind"
     assert [p for p, _ in results.all_results(tmp_path)] == [path]
 
 
 def test_save_refuses_an_invalid_result_and_keeps_the_old_one(doc, tmp_path):
-    path = save(doc, tmp_path)
+    path = save(Result.model_validate(doc), tmp_path)
     before = path.read_bytes()
+    with pytest.raises(TypeError, match="take a Result, not a dict"):
+        save(doc, tmp_path)  # a document is not a result: it becomes one through Result.model_validate
     bad = copy.deepcopy(doc)
     del bad["claims"]
     with pytest.raises(ValidationError):
-        save(bad, tmp_path)
-    bad = copy.deepcopy(doc)
-    bad["kernel_level"][0]["status"] = "fine"
-    with pytest.raises(ValidationError):
-        save(bad, tmp_path)
+        save(Result.model_validate(bad), tmp_path)
+    edited = Result.model_validate(doc)
+    edited.kernel_level[0].status = "fine"  # an attribute set past validation: the document is checked again
+    with pytest.raises(ValidationError, match=r"kernel_level\.0\.status"):
+        save(edited, tmp_path)
     assert path.read_bytes() == before and leftovers(tmp_path) == []
 
 
 def test_a_failure_while_writing_keeps_the_old_file(doc, tmp_path):
     """NaN passes the model but not strict JSON: the write fails half-way, and the temp file goes."""
-    path = save(doc, tmp_path)
+    path = save(Result.model_validate(doc), tmp_path)
     before = path.read_bytes()
     bad = copy.deepcopy(doc)
     bad["kernel_level"][0]["median_us"] = float("nan")
     with pytest.raises(ValueError, match="Out of range float"):
-        save(bad, tmp_path)
+        save(Result.model_validate(bad), tmp_path)
     assert path.read_bytes() == before and leftovers(tmp_path) == []
 
 
 def test_save_replaces_the_old_result(doc, tmp_path):
-    save(doc, tmp_path)
+    save(Result.model_validate(doc), tmp_path)
     doc["finished_at"] = "2030-01-01T00:00:00+00:00"
-    path = save(doc, tmp_path)
+    path = save(Result.model_validate(doc), tmp_path)
     assert load(path).finished_at == "2030-01-01T00:00:00+00:00"
 
 
@@ -174,13 +177,14 @@ def test_an_optional_field_enters_the_hash_only_where_it_is_set():
 
 
 def test_an_incomplete_run_is_a_checkpoint_beside_the_result_never_over_it(doc, tmp_path):
-    path = save(doc, tmp_path)
+    path = save(Result.model_validate(doc), tmp_path)
     before = path.read_bytes()
-    partial = save({**doc, "complete": False}, tmp_path)
+    partial = save(Result.model_validate({**doc, "complete": False}), tmp_path)
     assert partial == path.with_name("softmax_fusion.json.partial")
     assert path.read_bytes() == before, "a checkpoint never replaces a finished result"
+    assert load(partial).complete is False, "a checkpoint reads back as a result"
     assert [p for p, _ in results.all_results(tmp_path)] == [path], "checkpoints are not published"
-    save({**doc, "complete": True}, tmp_path)
+    save(Result.model_validate({**doc, "complete": True}), tmp_path)
     assert not partial.exists(), "a finished run removes its checkpoint"
 
 
@@ -202,7 +206,7 @@ COMMITTED = sorted((REPO / "results").glob("*/*.json"))
 def test_an_undeclared_key_is_refused_on_save_and_named(doc, tmp_path, where):
     where(doc)["surprise_us"] = 1.0
     with pytest.raises(ValidationError, match=r"surprise_us\s+Extra inputs are not permitted"):
-        save(doc, tmp_path)
+        save(Result.model_validate(doc), tmp_path)
     assert not list(tmp_path.rglob("*.json*")), "nothing is written"
 
 

@@ -276,21 +276,18 @@ def test_the_baselines_grey_is_not_the_dtype_markers_colour():
 # --- confusing: the run table and the CPU page ----------------------------------------------------
 
 
-def cpu_result() -> dict:
-    return json.loads((REPO / "tests/fixtures/results" / FIXTURE_CPU / "softmax_fusion.json").read_text())
-
-
 def test_the_run_table_says_why_a_point_was_skipped_which_roof_binds_and_uses_cpu_units(capsys, monkeypatch):
     from casebook.commands import run
+    from casebook.results import load
 
     monkeypatch.setattr(run.out, "width", 250)
-    doc = cpu_result()
-    skipped = next(p for p in doc["kernel_level"] if p["status"] == "skipped")
-    timed = next(p for p in doc["kernel_level"] if p["status"] == "ok" and 0 < p["roof_fraction"] < 0.5)
-    run.report(doc)
+    result = load(REPO / "tests/fixtures/results" / FIXTURE_CPU / "softmax_fusion.json")
+    skipped = next(p for p in result.kernel_level if p.status == "skipped")
+    timed = next(p for p in result.kernel_level if p.status == "ok" and 0 < p.roof_fraction < 0.5)
+    run.report(result)
     out = capsys.readouterr().out
-    assert f"skipped: {skipped['error']}"[:50] in out
-    assert f"{timed['regime']} roof, {1 / timed['roof_fraction']:.0f}x below" in out
+    assert f"skipped: {skipped.error}"[:50] in out
+    assert f"{timed.regime} roof, {1 / timed.roof_fraction:.0f}x below" in out
     assert re.search(r"\d GFLOP/s|\d MFLOP/s", out) and not re.search(r"0\.0000\d+", out)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import casebook.kernels
-from casebook import run, stability
+from casebook import results, run, stability
 from casebook.load import load_case
 from casebook.validate import unpublishable
 
@@ -110,17 +110,17 @@ def test_a_run_beside_cpu_burners_marks_its_points(tmp_path, monkeypatch):
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         time.sleep(0.5)
-        doc = run.run_case(path, ceilings=CEILINGS)
+        result = run.run_case(path, ceilings=CEILINGS)
     finally:
         for b in burners:
             b.kill()
             b.wait()
-    timed = [p for p in doc["kernel_level"] + doc["workload_level"]["points"] if p.get("median_us")]
+    timed = [p for p in result.kernel_level + result.workload_level.points if p.median_us]
     assert len(timed) == 2
     for p in timed:
-        assert p["unstable"], p
-        assert any("other processes used" in why or "waited for a CPU" in why for why in p["unstable"]), p["unstable"]
-        assert p["threads"] >= 1 and p["interference"]["window_s"] > 0
-    assert doc["stability"]["unstable"] == doc["stability"]["points"] == 2
-    assert doc["environment"]["load_average_start"] and doc["environment"]["cpu_threads"] >= 1
-    assert any("unstable point(s)" in why for why in unpublishable(load_case(path), doc))
+        assert p.unstable, p
+        assert any("other processes used" in why or "waited for a CPU" in why for why in p.unstable), p.unstable
+        assert p.threads >= 1 and p.interference.window_s > 0
+    assert result.stability.unstable == result.stability.points == 2
+    assert result.environment.load_average_start and result.environment.cpu_threads >= 1
+    assert any("unstable point(s)" in why for why in unpublishable(load_case(path), results.document(result)))

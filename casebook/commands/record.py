@@ -7,32 +7,31 @@ first run on a busy or slower machine must not silently overwrite the book's mea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
+
+from casebook.schema import Result
 
 SLOWER = 0.02
 """A run whose medians are, by geometric mean over the points timed in both, more than this much slower
 than the stored result's counts as slower (the 2% that `casebook compare` tolerates as noise)."""
 
 
-def unstable_count(doc: dict) -> int:
-    points = list(doc.get("kernel_level") or []) + list((doc.get("workload_level") or {}).get("points") or [])
-    return sum(1 for p in points if p.get("unstable"))
+def unstable_count(result: Result) -> int:
+    return sum(1 for p in result.kernel_level + result.workload_level.points if p.unstable)
 
 
-def refusal(new: dict, stored: dict, stored_current: bool) -> str | None:
+def refusal(new: Result, stored: Result, stored_current: bool) -> str | None:
     """Why `new` may not replace `stored` without --force (None: it may)."""
     from casebook.commands.compare import agreement
-    from casebook.schema import Result
 
     if not stored_current:
         return None
     if unstable_count(new) < unstable_count(stored):  # the stored one is not publishable: a steadier run replaces it
         return None
     why = []
-    ratio = agreement(Result.model_validate(stored), Result.model_validate(new), min_us=0.0).geomean_ratio
+    ratio = agreement(stored, new, min_us=0.0).geomean_ratio
     if ratio is not None and ratio > 1 + SLOWER:
         why.append(f"its medians are {ratio:.2f}x the stored ones (geometric mean over the points timed in both)")
     if unstable_count(new) > unstable_count(stored):
@@ -40,7 +39,7 @@ def refusal(new: dict, stored: dict, stored_current: bool) -> str | None:
     return "; ".join(why) or None
 
 
-def is_current(stored: dict, case_path: Path) -> bool:
+def is_current(stored: Result, case_path: Path) -> bool:
     """Whether a stored result was measured from the case file and kernel module as they are now."""
     from casebook import provenance
     from casebook.load import CaseError, load_case
@@ -50,22 +49,22 @@ def is_current(stored: dict, case_path: Path) -> bool:
         case = load_case(case_path)
     except (CaseError, OSError):
         return False
-    return not provenance.stale_reasons(stored, case_path, case, kernels_dir(case_path))
+    return not provenance.stale_reasons(stored.model_dump(), case_path, case, kernels_dir(case_path))
 
 
-def store(doc: dict, results_dir: Path, case_path: Path, force: bool, out: Console) -> int:
-    """Write `doc` to `results_dir`, unless it would replace a current, better stored result without `force`."""
+def store(result: Result, results_dir: Path, case_path: Path, force: bool, out: Console) -> int:
+    """Write `result` to `results_dir`, unless it would replace a current, better stored result without `force`."""
     from casebook import results
 
-    target = results.result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    target = results.result_path(results_dir, result.hardware.slug, result.case_id)
     if target.exists() and not force:
-        stored = json.loads(target.read_text())
-        why = refusal(doc, stored, is_current(stored, case_path))
+        stored = results.load(target)
+        why = refusal(result, stored, is_current(stored, case_path))
         if why:
             out.print(f"not stored: {target} is current and this run is worse ({why}); "
                       "pass --force to replace it", highlight=False)
             return 1
-    out.print(f"stored [bold]{results.save(doc, results_dir)}[/bold]", highlight=False)
+    out.print(f"stored [bold]{results.save(result, results_dir)}[/bold]", highlight=False)
     return 0
 
 
@@ -75,13 +74,12 @@ def main(run: Path, results_dir: Path, force: bool, case: Path | None = None) ->
 
     out = Console(highlight=False)
     try:
-        results.load(run)
-        doc = json.loads(Path(run).read_text())
+        result = results.load(run)
     except ValueError as e:  # unreadable, newer than this casebook, or not a result
         out.print(f"cannot record: {e}")
         return 2
-    if doc.get("complete") is False:
+    if result.complete is False:
         out.print(f"cannot record: {run} is a checkpoint of a run cut short, not a whole run")
         return 2
-    case = case or Path(results_dir).absolute().parent / "cases" / f"{doc['case_id']}.yaml"
-    return store(doc, Path(results_dir), case, force, out)
+    case = case or Path(results_dir).absolute().parent / "cases" / f"{result.case_id}.yaml"
+    return store(result, Path(results_dir), case, force, out)

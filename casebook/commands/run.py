@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook.roofline import host_bound
-from casebook.schema import shape_label
+from casebook.schema import IntensityCheck, Point, Result, WorkloadSummary, shape_label
 
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 150)
@@ -104,33 +103,35 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                     console.print(f"[red]{name} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
-        doc = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
-                      progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded)
+        result = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
+                         progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded)
     if json_out:
-        out.print_json(json.dumps(doc))
+        from casebook.results import document
+
+        out.print_json(json.dumps(document(result)))
     else:
-        report(doc)
-    path = keep(doc)
+        report(result)
+    path = keep(result)
     console.print(f"this run: [bold]{path}[/bold]", highlight=False)
-    against_stored(doc, results_dir)
-    code = 1 if run.failed(doc) else 0
+    against_stored(result, results_dir)
+    code = 1 if run.failed(result) else 0
     if save:
-        code = max(code, store(doc, results_dir, case, force))
+        code = max(code, store(result, results_dir, case, force))
     else:
         console.print(f"results/ untouched: `--save`, or `casebook record {path}`, stores it", highlight=False)
     return code
 
 
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
-            progress, say, ceilings: dict | None = None, loaded=None) -> dict:
+            progress, say, ceilings: dict | None = None, loaded=None) -> Result:
     """One case's run (`casebook.run.run_case`), its counters if asked, the command line that made it: the
-    result document, not yet kept. A checkpoint is kept after each variant but the last (`keep`), so a run
+    `Result`, not yet kept. A checkpoint is kept after each variant but the last (`keep`), so a run
     cut short leaves what it measured. The same for one case here and for each case of a pool or a cluster
     (`ceilings`: the machine's, measured once for a CPU pool's workers; else this device's, cached).
     `loaded`: the case at `case`, where the caller has loaded it."""
     from casebook import results, run
 
-    def checkpoint(partial: dict) -> None:
+    def checkpoint(partial: Result) -> None:
         results.save_as(partial, results.run_path(results.runs_dir(), partial))
 
     def noted(event: str, info: dict) -> None:
@@ -139,36 +140,33 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
         elif progress is not None:
             progress(event, info)
 
-    doc = run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted, checkpoint=checkpoint,
-                       ceilings=ceilings, counters=counters, case=loaded)
-    if argv:  # the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
-        doc["argv"], doc["command"] = list(argv), shlex.join(argv)
-    return doc
+    # argv: the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
+    return run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted, checkpoint=checkpoint,
+                        ceilings=ceilings, counters=counters, case=loaded, argv=list(argv) if argv else None)
 
 
-def keep(doc: dict) -> Path:
+def keep(result: Result) -> Path:
     """Keep a run as `$CASEBOOK_CACHE/runs/<hardware>/<case>/<start>.json` (atomically, replacing its
     checkpoint); the path."""
     from casebook import results
 
-    return results.save_as(doc, results.run_path(results.runs_dir(), doc))
+    return results.save_as(result, results.run_path(results.runs_dir(), result))
 
 
-def store(doc: dict, results_dir: Path, case: Path, force: bool, say: Console | None = None) -> int:
+def store(result: Result, results_dir: Path, case: Path, force: bool, say: Console | None = None) -> int:
     """`--save`: store a kept run in results/ (`casebook.commands.record.store`, atomic, refusing to replace a
     current better result without `force`)."""
     from casebook.commands.record import store as record_store
 
-    return record_store(doc, results_dir, case, force, say or console)
+    return record_store(result, results_dir, case, force, say or console)
 
 
-def against_stored(doc: dict, results_dir: Path) -> None:
+def against_stored(result: Result, results_dir: Path) -> None:
     """How this run compares with the stored result of its case on this machine, if there is one."""
     from casebook import results
     from casebook.commands.compare import show
-    from casebook.schema import Result
 
-    stored = results.result_path(results_dir, doc["hardware"]["slug"], doc["case_id"])
+    stored = results.result_path(results_dir, result.hardware.slug, result.case_id)
     if not stored.exists():
         console.print(f"no stored result for this machine ({stored}) to compare with", highlight=False)
         return
@@ -178,21 +176,21 @@ def against_stored(doc: dict, results_dir: Path) -> None:
         console.print(f"the stored result {stored} is unreadable: {e}", highlight=False)
         return
     console.print(f"[bold]Against the stored result[/bold] {stored} (A) -> this run (B):", highlight=False)
-    show(console, before, Result.model_validate(doc), (stored.name, "this run"), min_us=0.0)
+    show(console, before, result, (stored.name, "this run"), min_us=0.0)
 
 
 def _fmt(v, spec: str, missing: str = "-") -> str:
     return missing if v is None else format(v, spec)
 
 
-def _regime(p: dict) -> str:
+def _regime(p: Point) -> str:
     """Which roof binds the point, and how far below it the point is ("bandwidth roof, 480x below")."""
-    regime = p.get("regime")
+    regime = p.regime
     if not regime:
         return "-"
-    if regime == "launch" and host_bound(p.get("host_issue_us"), p.get("floor_us")):
+    if regime == "launch" and host_bound(p.host_issue_us, p.floor_us):
         regime = "launch (host)"
-    frac = p.get("roof_fraction")
+    frac = p.roof_fraction
     if isinstance(frac, (int, float)) and 0 < frac < 0.5:
         return f"{regime} roof, {1 / frac:.0f}x below"
     return f"{regime} roof"
@@ -209,125 +207,127 @@ def _rate(x, unit: str, base: float) -> str:
     return f"{v:.3g} {unit}"
 
 
-def _status(p: dict) -> str:
+def _status(p: Point) -> str:
     """The status, with its reason where it was not timed (`skipped: no backend of ['cuda'] here`)."""
-    status = p.get("status", "?")
+    status = p.status
     style = STATUS_STYLE.get(status, "")
-    why = p.get("error") if status not in ("ok", "checked") else None
+    why = p.error if status not in ("ok", "checked") else None
     shown = f"{status}: {why}" if why else status
     shown = shown if len(shown) <= 60 else shown[:59] + "…"
     return f"[{style}]{escape(shown)}[/]" if style else escape(shown)
 
 
-def _points_table(title: str, points: list[dict], weighted: bool = False) -> Table:
+def _points_table(title: str, points: list[Point], weighted: bool = False) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
     for col in ("variant", "shape", "dtype", "median us", "p10-p90 us", "bandwidth", "compute", "% roof",
                 "binding roof", "speedup", "rel err", "status") + (("weight",) if weighted else ()):
         t.add_column(col, justify="left" if col in ("variant", "shape", "dtype", "binding roof", "status") else "right")
     for p in points:
-        t.add_row(p["variant"], shape_label(p["shape"]), p["dtype"], _fmt(p.get("median_us"), ".1f"),
-                  f"{p['p10_us']:.1f}-{p['p90_us']:.1f}" if p.get("p10_us") else "-",
-                  _rate(p.get("gbps"), "B/s", 1e9), _rate(p.get("tflops"), "FLOP/s", 1e12),
-                  _fmt(p.get("roof_fraction") and 100 * p["roof_fraction"], ".1f"), _regime(p),
-                  _fmt(p.get("speedup"), ".2f"),
-                  _fmt(p.get("max_rel_err"), ".1e") if p.get("status") in ("ok", "checked") else "-",
-                  _status(p) + (" [yellow]unstable[/]" if p.get("unstable") else ""),
-                  *((_fmt(p.get("weight"), ".2f"),) if weighted else ()))
+        t.add_row(p.variant, shape_label(p.shape), p.dtype, _fmt(p.median_us, ".1f"),
+                  f"{p.p10_us:.1f}-{p.p90_us:.1f}" if p.p10_us else "-",
+                  _rate(p.gbps, "B/s", 1e9), _rate(p.tflops, "FLOP/s", 1e12),
+                  _fmt(p.roof_fraction and 100 * p.roof_fraction, ".1f"), _regime(p),
+                  _fmt(p.speedup, ".2f"),
+                  _fmt(p.max_rel_err, ".1e") if p.status in ("ok", "checked") else "-",
+                  _status(p) + (" [yellow]unstable[/]" if p.unstable else ""),
+                  *((_fmt(p.weight, ".2f"),) if weighted else ()))
     return t
 
 
-def _regressions(row: dict, points: list[dict]) -> str:
+def _regressions(row: WorkloadSummary, points: list[Point]) -> str:
     """Shapes slower than the baseline, and the shapes never timed: 'none' only when every shape ran."""
-    slower = ", ".join(shape_label(r) for r in row.get("regressions", []))
-    mine = [p for p in points if p.get("variant") == row.get("variant")]
-    untimed = [p for p in mine if p.get("status") not in ("ok", "checked")]
+    slower = ", ".join(shape_label(r) for r in row.regressions or [])
+    mine = [p for p in points if p.variant == row.variant]
+    untimed = [p for p in mine if p.status not in ("ok", "checked")]
     if not untimed:
         return slower or "none"
-    kinds = ", ".join(sorted({str(p.get("status")) for p in untimed}))
+    kinds = ", ".join(sorted({str(p.status) for p in untimed}))
     return f"{len(untimed)} of {len(mine)} shapes not timed ({kinds})" + (f"; slower at {slower}" if slower else "")
 
 
-def report(doc: dict) -> None:
-    hw = doc["hardware"]
-    m = hw["measured"]
-    out.print(f"[bold]{escape(doc['case_id'])}[/bold] on {escape(hw['name'])} ({hw['slug']}): copy "
-              f"{_rate(m['copy_gbps'], 'B/s', 1e9)}, launch {m['launch_us']:.1f} us, matmul " +
-              ", ".join(f"{k} {_rate(v, 'FLOP/s', 1e12)}" for k, v in m["matmul_tflops"].items()) + " (measured)"
-              + (f" [yellow]on a busy machine: {escape('; '.join(m['unstable']))}[/]" if m.get("unstable") else ""))
-    out.print(_points_table("Level 1: the single-kernel limit", doc["kernel_level"]))
-    first = [f"{v['name']} {v['first_call_s']:.3g} s (max {v['first_call_s_max']:.3g} s)"
-             for v in doc["variants"] if v.get("first_call_s") is not None]
+def report(result: Result) -> None:
+    hw = result.hardware
+    m = hw.measured
+    out.print(f"[bold]{escape(result.case_id)}[/bold] on {escape(hw.name)} ({hw.slug}): copy "
+              f"{_rate(m.copy_gbps, 'B/s', 1e9)}, launch {m.launch_us:.1f} us, matmul " +
+              ", ".join(f"{k} {_rate(v, 'FLOP/s', 1e12)}" for k, v in m.matmul_tflops.items()) + " (measured)"
+              + (f" [yellow]on a busy machine: {escape('; '.join(m.unstable))}[/]" if m.unstable else ""))
+    out.print(_points_table("Level 1: the single-kernel limit", result.kernel_level))
+    first = [f"{v.name} {v.first_call_s:.3g} s (max {v.first_call_s_max:.3g} s)"
+             for v in result.variants if v.first_call_s is not None]
     if first:  # JIT, autotuning, compilation: paid once per shape, never inside the medians above
         out.print("First call per shape (JIT / autotune / compile), first shape and slowest: " + "; ".join(first))
-    w = doc["workload_level"]
-    out.print(_points_table(f"Level 2: the workload ({w['dtype']})", w["points"], weighted=True))
+    w = result.workload_level
+    out.print(_points_table(f"Level 2: the workload ({w.dtype})", w.points, weighted=True))
     s = Table(title="Level 2 summary (weighted over the distribution)", title_justify="left", header_style="bold")
     for col in ("variant", "geomean speedup", "worst speedup", "worst shape", "regressions"):
         s.add_column(col)
-    for row in w["summary"]:
-        s.add_row(row["variant"], _fmt(row.get("geomean_speedup"), ".2f"), _fmt(row.get("worst_speedup"), ".2f"),
-                  shape_label(row["worst_shape"]) if row.get("worst_shape") else "-",
-                  _regressions(row, w["points"]))
+    for row in w.summary:
+        s.add_row(row.variant, _fmt(row.geomean_speedup, ".2f"), _fmt(row.worst_speedup, ".2f"),
+                  shape_label(row.worst_shape) if row.worst_shape else "-",
+                  _regressions(row, w.points))
     out.print(s)
-    e = doc["end_to_end"]
-    line = f"[bold]Level 3[/bold] {e.get('baseline', '-')} -> {e.get('variant', '-')}: {e.get('status')}"
-    if e.get("kernel_share") is not None:
-        line += f"; kernel share of baseline {e['kernel_share']:.1%}"
-    if e.get("measured_speedup") is not None:
-        line += (f"; kernel {e['kernel_speedup']:.2f}x; Amdahl predicts {e['amdahl_speedup']:.3f}x; "
-                 f"measured {e['measured_speedup']:.3f}x")
-    if e.get("error"):
-        line += f" ({e['error']})"
+    e = result.end_to_end
+    line = f"[bold]Level 3[/bold] {e.baseline} -> {e.variant}: {e.status}"
+    if e.kernel_share is not None:
+        line += f"; kernel share of baseline {e.kernel_share:.1%}"
+    if e.measured_speedup is not None:
+        line += (f"; kernel {e.kernel_speedup:.2f}x; Amdahl predicts {e.amdahl_speedup:.3f}x; "
+                 f"measured {e.measured_speedup:.3f}x")
+    if e.error:
+        line += f" ({e.error})"
     out.print(line, highlight=False)
-    if doc.get("counters"):
+    if result.counters:
         c = Table(title="DRAM bytes: modelled vs measured (ncu)", title_justify="left", header_style="bold")
         for col in ("variant", "shape", "dtype", "modelled MB", "measured MB", "gap"):
             c.add_column(col)
-        for r in doc["counters"]:
-            if r.get("gap") is None:  # ncu gave nothing for this variant: say why
-                c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], "-", "-", r.get("error", "-"))
+        for r in result.counters:
+            if r.gap is None:  # ncu gave nothing for this variant: say why
+                c.add_row(r.variant, shape_label(r.shape), r.dtype, "-", "-", "-" if r.error is None else r.error)
                 continue
-            c.add_row(r["variant"], shape_label(r["shape"]), r["dtype"], f"{r['modelled_bytes'] / 1e6:.1f}",
-                      f"{r['measured_bytes'] / 1e6:.1f}",
-                      f"{100 * r['gap']:+.0f}%" + (" (flagged)" if r.get("flagged") else ""))
+            c.add_row(r.variant, shape_label(r.shape), r.dtype, f"{r.modelled_bytes / 1e6:.1f}",
+                      f"{r.measured_bytes / 1e6:.1f}",
+                      f"{100 * r.gap:+.0f}%" + (" (flagged)" if r.flagged else ""))
         out.print(c)
-    _stability(doc)
-    _intensity(doc.get("arithmetic_intensity") or {})
+    _stability(result)
+    _intensity(result.arithmetic_intensity)
     out.print("[bold]Claims[/bold]")
-    for c in doc["claims"]:
-        mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c["held"]]
-        out.print(f"  {mark}  {c['text']}  [dim]{c['detail']}[/]", highlight=False)
+    for c in result.claims:
+        mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c.held]
+        out.print(f"  {mark}  {c.text}  [dim]{c.detail}[/]", highlight=False)
 
 
-def _stability(doc: dict) -> None:
+def _stability(result: Result) -> None:
     """How quiet the machine was: the count of unstable points, each with its reason."""
-    st, env = doc.get("stability") or {}, doc["environment"]
-    loads = " -> ".join(f"{la[0]:.2f}" for la in (env.get("load_average_start"), env.get("load_average_end")) if la)
-    busiest = (f"; other processes at most {st['other_cores_max']:.2f} cores" if st.get("other_cores_max") is not None
-               else "")
-    head = (f"[bold]Stability[/bold] {st.get('unstable', 0)} of {st.get('points', 0)} timed points unstable; "
-            f"{env.get('cpu_threads')} CPU threads; load average {loads or '-'}{busiest}")
+    st, env = result.stability, result.environment
+    loads = " -> ".join(f"{la[0]:.2f}" for la in (env.load_average_start, env.load_average_end) if la)
+    busiest = (f"; other processes at most {st.other_cores_max:.2f} cores"
+               if st is not None and st.other_cores_max is not None else "")
+    head = (f"[bold]Stability[/bold] {st.unstable if st else 0} of {st.points if st else 0} timed points unstable; "
+            f"{env.cpu_threads} CPU threads; load average {loads or '-'}{busiest}")
     out.print(head, highlight=False)
-    points = doc["kernel_level"] + doc["workload_level"]["points"]
-    for p in (p for p in points if p.get("unstable")):
-        out.print(f"  [yellow]unstable[/]  {p['variant']} {shape_label(p['shape'])} {p['dtype']}: "
-                  + "; ".join(p["unstable"]), highlight=False)
-    if st.get("unstable"):
+    points = result.kernel_level + result.workload_level.points
+    for p in (p for p in points if p.unstable):
+        out.print(f"  [yellow]unstable[/]  {p.variant} {shape_label(p.shape)} {p.dtype}: "
+                  + "; ".join(p.unstable), highlight=False)
+    if st is not None and st.unstable:
         out.print("  `casebook check` will not publish this result: run it again on a quiet machine", highlight=False)
 
 
-def _intensity(rec: dict) -> None:
+def _intensity(rec: IntensityCheck | None) -> None:
     """The declared arithmetic intensity beside the traffic model's, at the first level-1 shape."""
-    if rec.get("modelled") is None:
-        if rec.get("error"):
-            out.print(f"[bold]Arithmetic intensity[/bold] not modelled: {rec['error']}", highlight=False)
+    if rec is None:
         return
-    line = (f"[bold]Arithmetic intensity[/bold] at {shape_label(rec['shape'])} {rec['dtype']}: the traffic model "
-            f"gives {rec['modelled']:.4g} FLOP/byte")
-    if rec.get("difference") is not None:
-        line += f", the case declares {rec['declared']:g} ({rec['difference']:+.1%})"
-    elif rec.get("declared") is not None:  # a model of no FLOPs (a copy, a transpose): no ratio to take
-        line += f", the case declares {rec['declared']:g}"
-        if rec.get("flagged"):
-            line += f" [bold red]more than {rec['tolerance']:.0%} apart: `casebook check` flags it[/]"
+    if rec.modelled is None:
+        if rec.error:
+            out.print(f"[bold]Arithmetic intensity[/bold] not modelled: {rec.error}", highlight=False)
+        return
+    line = (f"[bold]Arithmetic intensity[/bold] at {shape_label(rec.shape)} {rec.dtype}: the traffic model "
+            f"gives {rec.modelled:.4g} FLOP/byte")
+    if rec.difference is not None:
+        line += f", the case declares {rec.declared:g} ({rec.difference:+.1%})"
+    elif rec.declared is not None:  # a model of no FLOPs (a copy, a transpose): no ratio to take
+        line += f", the case declares {rec.declared:g}"
+        if rec.flagged:
+            line += f" [bold red]more than {rec.tolerance:.0%} apart: `casebook check` flags it[/]"
     out.print(line, highlight=False)

@@ -1,6 +1,7 @@
 """`casebook run CASE... | --all`: many cases at once, over the GPUs of this host (`casebook.pool`) or a Ray
 cluster (`--ray`, `casebook.cluster`). Each case is one `casebook run CASE` (`commands.run.measure`); its
-run is kept, and with --save stored, here as it ends; progress per device; a table of what ran where."""
+result crosses back as its JSON document (`results.document`), is validated into a `Result` here as it ends,
+and is kept, and with --save stored; progress per device; a table of what ran where."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ from rich.table import Table
 
 from casebook.commands.run import STATUS_STYLE, console, out
 from casebook.pool import Job, Outcome
+from casebook.schema import Result
 
 
 def measure_case(case: Path, args: dict, progress) -> dict:
     """The work of one pool worker or Ray task: `casebook run CASE` measured, with the single-case command
-    line that reproduces it (`args["flags"]`: the options it ran with)."""
+    line that reproduces it (`args["flags"]`: the options it ran with). Its result as plain JSON data
+    (`results.document`), to cross the pipe or Ray back to the caller, which validates it (`land`)."""
     from casebook.commands.run import measure
+    from casebook.results import document
 
     argv = ["casebook", "run", Path(case).as_posix(), *args["flags"]]
-    return measure(case, variants=args["variants"], quick=args["quick"], counters=args["counters"],
-                   timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None,
-                   ceilings=args.get("ceilings"))
+    return document(measure(case, variants=args["variants"], quick=args["quick"], counters=args["counters"],
+                            timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None,
+                            ceilings=args.get("ceilings")))
 
 
 def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> list[Job] | None:
@@ -65,7 +69,8 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
     landed: dict[Path, dict] = {}
 
     def land(o: Outcome) -> None:
-        """Keep (and with --save store) a case's run the moment it ends: each file written atomically."""
+        """Validate a case's run into its `Result` and keep (and with --save store) it the moment it ends: each
+        file written atomically."""
         from casebook import run
         from casebook.commands.run import keep, store
 
@@ -73,10 +78,11 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
         if o.doc is None:
             console.print(f"[bold red]{o.job.case}: {o.status}[/]: {o.error}", highlight=False)
             return
-        rec["kept"] = keep(o.doc)
-        rec["failed"] = run.failed(o.doc)
+        rec["result"] = result = Result.model_validate(o.doc)
+        rec["kept"] = keep(result)
+        rec["failed"] = run.failed(result)
         if save:
-            rec["store"] = store(o.doc, results_dir, o.job.case, force, console)
+            rec["store"] = store(result, results_dir, o.job.case, force, console)
 
     start = time.monotonic()
     with _Board(console, len(jobs)) as board:
@@ -105,7 +111,7 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
         out.print_json(json.dumps([_row(o, landed.get(o.job.case, {})) for o in outcomes]))
     else:
         out.print(where_table(outcomes, landed))
-    for line in ceilings_agreement([o.doc for o in outcomes if o.doc]):
+    for line in ceilings_agreement([landed[o.job.case]["result"] for o in outcomes if o.doc is not None]):
         console.print(line, highlight=False)
     console.print(f"{len(outcomes)} case(s) in {wall:.1f} s", highlight=False)
     bad = [o for o in outcomes if o.doc is None or landed[o.job.case].get("failed")
@@ -136,19 +142,19 @@ def where_table(outcomes: list[Outcome], landed: dict) -> Table:
     return t
 
 
-def ceilings_agreement(docs: list[dict]) -> list[str]:
+def ceilings_agreement(runs: list[Result]) -> list[str]:
     """For each GPU kind that ran on more than one device: whether the devices' measured ceilings agree
     (`roofline.ceilings_apart`), that is whether the site counts them as one machine."""
     from casebook.roofline import ceilings_apart
 
     by_device: dict[str, dict[str, dict]] = {}
-    for d in docs:
-        hw = d["hardware"]
-        if hw.get("kind") != "gpu":
+    for r in runs:
+        hw = r.hardware
+        if hw.kind != "gpu":
             continue
-        dev = (d["environment"].get("device") or {})
-        name = dev.get("uuid") or dev.get("cuda_visible_devices") or "?"
-        by_device.setdefault(hw["slug"], {}).setdefault(name, hw.get("measured") or {})
+        dev = r.environment.device
+        name = (dev.uuid or dev.cuda_visible_devices if dev is not None else None) or "?"
+        by_device.setdefault(hw.slug, {}).setdefault(name, hw.measured.model_dump())
     lines = []
     for slug, devs in by_device.items():
         if len(devs) < 2:
