@@ -11,9 +11,12 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from casebook.schema import Result
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 """The installed kernel modules (`casebook/kernels/<module>.py`)."""
@@ -110,18 +113,17 @@ def meaning(value: Any) -> Any:
     return value
 
 
-def stale_reasons(result: Mapping, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:
+def stale_reasons(result: Result, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:
     """Why a stored result no longer describes the current case and kernel (empty: it does)."""
     reasons = []
-    recorded = result.get("measurement_sha256")
-    if recorded is not None:
-        if recorded != measurement_sha256(case):
+    if result.measurement_sha256 is not None:
+        if result.measurement_sha256 != measurement_sha256(case):
             reasons.append(f"the kernel, levels or claims of {Path(case_path).name} changed since the run")
-    elif result.get("case_sha256") != case_sha256(case_path):
+    elif result.case_sha256 != case_sha256(case_path):
         reasons.append(f"the case file {Path(case_path).name} changed since the run")
     module = case.kernel.module
     if not kernel_path(module, kernels_dir).is_file():
         reasons.append(f"the kernel module {module}.py is missing")
-    elif result.get("kernel_sha256") != kernel_sha256(module, kernels_dir, result.get("kernel_modules") or ()):
+    elif result.kernel_sha256 != kernel_sha256(module, kernels_dir, result.kernel_modules or ()):
         reasons.append(f"the kernel module {module}.py changed since the run")
     return reasons

@@ -10,14 +10,13 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from casebook import evidence, provenance
+from casebook import evidence, provenance, results
 from casebook.load import CaseError, Lines, _located, read_case
 from casebook.paths import refusal
-from casebook.schema import Case, consistency_problems
+from casebook.schema import Case, Result, consistency_problems, shape_label
 
 
 @dataclass
@@ -402,11 +401,11 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
             errors.append(CaseError(path, 1, "results", f"{shown} {why}"))
             continue
         try:
-            doc = json.loads(result.read_bytes())
-            reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({type(e).__name__}: {e})"))
+            doc = results.load(result)
+        except (OSError, ValueError) as e:  # ResultError and pydantic's ValidationError are ValueErrors
+            errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({str(e).splitlines()[0]})"))
             continue
+        reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
         errors += [CaseError(path, lines.line(("kernel", "module")) if "kernel module" in why else 1, "results",
                              f"{shown} is stale: {why}; run it again") for why in reasons]
         errors += [CaseError(path, 1, "results", f"{shown} is not evidence: {why}")
@@ -419,39 +418,38 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     return errors
 
 
-def intensity_mismatch(case: Case, doc: dict) -> str | None:
+def intensity_mismatch(case: Case, doc: Result) -> str | None:
     """The case's declared arithmetic intensity against the traffic model's that its run recorded at the first
     level-1 shape, when they differ by more than `traffic.INTENSITY_TOLERANCE` (None: they agree, or the run
     recorded none). The declared figure is read from the case as it is now (it is not part of the hash)."""
     from casebook.traffic import INTENSITY_TOLERANCE
 
-    record = doc.get("arithmetic_intensity") or {}
-    declared, modelled = case.bottleneck.arithmetic_intensity, record.get("modelled")
-    if declared is None or not isinstance(modelled, (int, float)) or modelled <= 0:
+    record = doc.arithmetic_intensity
+    declared = case.bottleneck.arithmetic_intensity
+    if declared is None or record is None or record.modelled is None or record.modelled <= 0:
         return None
-    difference = declared / modelled - 1
+    difference = declared / record.modelled - 1
     if abs(difference) <= INTENSITY_TOLERANCE:
         return None
-    shape = "x".join(str(v) for v in (record.get("shape") or {}).values())
-    return (f"declared {declared:g} FLOP/byte, but the traffic model gives {modelled:.4g} at {shape} "
-            f"{record.get('dtype')} (the first level-1 shape and dtype): {difference:+.0%}, more than "
-            f"{INTENSITY_TOLERANCE:.0%}; state the model's figure at that shape")
+    return (f"declared {declared:g} FLOP/byte, but the traffic model gives {record.modelled:.4g} at "
+            f"{shape_label(record.shape or {})} {record.dtype} (the first level-1 shape and dtype): {difference:+.0%}, "
+            f"more than {INTENSITY_TOLERANCE:.0%}; state the model's figure at that shape")
 
 
-def ceilings_disagree(result: Path, doc: dict, root: Path) -> list[str]:
+def ceilings_disagree(result: Path, doc: Result, root: Path) -> list[str]:
     """Results under the same hardware name as `result` whose measured ceilings differ from its own by more
     than `hardware.CEILINGS_APART`: one name standing for two machines, whose points the site would draw
     against one machine's roofs."""
     from casebook.roofline import CEILINGS_APART, ceilings_apart
 
-    mine = (doc.get("hardware") or {}).get("measured") or {}
+    mine = doc.hardware.measured.model_dump()
     out = []
     for other in sorted(result.parent.glob("*.json")):
         if other == result:
             continue
         try:
-            theirs = (json.loads(other.read_bytes()).get("hardware") or {}).get("measured") or {}
-        except (OSError, ValueError, AttributeError):
+            theirs = results.load(other).hardware.measured.model_dump()
+        except (OSError, ValueError):
             continue  # reported when its own case is checked
         apart = ceilings_apart(mine, theirs)
         if apart:
@@ -462,44 +460,40 @@ def ceilings_disagree(result: Path, doc: dict, root: Path) -> list[str]:
     return out
 
 
-def unpublishable(case: Case, doc: dict) -> list[str]:
+def unpublishable(case: Case, doc: Result) -> list[str]:
     """Why a stored result is not one to publish: a smoke or partial run, or one that records a failure."""
     why = []
-    if " --quick" in str(doc.get("command", "")):
+    if " --quick" in doc.command:
         why.append("is a --quick smoke run, not a result to publish; run without --quick")
-    ran = {v.get("name") for v in doc.get("variants", []) if isinstance(v, dict)}
+    ran = {v.name for v in doc.variants}
     missing = [v.name for v in case.kernel.variants if ran and v.name not in ran]
     if missing:
         why.append(f"lacks variant(s) {', '.join(missing)} (a --variant run); run the whole ladder")
-    points = list(doc.get("kernel_level", [])) + list((doc.get("workload_level") or {}).get("points", []))
-    bad = [p for p in points if isinstance(p, dict) and p.get("status") in ("failed", "crashed", "timeout")]
+    points = [*doc.kernel_level, *doc.workload_level.points]
+    bad = [p for p in points if p.status in ("failed", "crashed", "timeout")]
     if bad:
         p = bad[0]
-        shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
-        why.append(f"records {len(bad)} failed point(s), first {p.get('variant')} {shape} {p.get('dtype')}: "
-                   f"{p.get('status')}: {p.get('error')}; fix the variant (or its traffic model) and run again")
-    unstable = [p for p in points if isinstance(p, dict) and p.get("unstable")]
+        why.append(f"records {len(bad)} failed point(s), first {p.variant} {shape_label(p.shape)} {p.dtype}: "
+                   f"{p.status}: {p.error}; fix the variant (or its traffic model) and run again")
+    unstable = [p for p in points if p.unstable]
     if unstable:
         p = unstable[0]
-        shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
         why.append(f"records {len(unstable)} unstable point(s) (timed on a busy machine, or too scattered), first "
-                   f"{p.get('variant')} {shape} {p.get('dtype')}: {'; '.join(p['unstable'])}; run it again on a quiet "
+                   f"{p.variant} {shape_label(p.shape)} {p.dtype}: {'; '.join(p.unstable)}; run it again on a quiet "
                    "machine")
-    busy = ((doc.get("hardware") or {}).get("measured") or {}).get("unstable")
-    if busy:
-        why.append(f"was placed on ceilings measured on a busy machine ({'; '.join(busy)}); run it again on a "
-                   "quiet machine")
-    e2e = doc.get("end_to_end") or {}
-    if e2e.get("status") == "failed":
-        why.append(f"records a failed end-to-end scenario: {e2e.get('error')}")
+    if doc.hardware.measured.unstable:
+        why.append(f"was placed on ceilings measured on a busy machine ({'; '.join(doc.hardware.measured.unstable)}); "
+                   "run it again on a quiet machine")
+    if doc.end_to_end.status == "failed":
+        why.append(f"records a failed end-to-end scenario: {doc.end_to_end.error}")
     return why
 
 
-def missed_claims(doc: dict) -> list[str]:
+def missed_claims(doc: Result) -> list[str]:
     """Claims the run measured as failed: a missed target is published with its number, so a warning."""
-    return [f"records a failed claim: {c.get('text')!r} ({c.get('detail')}); the page shows it as failed; "
+    return [f"records a failed claim: {c.text!r} ({c.detail}); the page shows it as failed; "
             "fix the kernel, or restate the claim as what was measured"
-            for c in doc.get("claims", []) if isinstance(c, dict) and c.get("held") is False]
+            for c in doc.claims if c.held is False]
 
 
 def check_claims(path: Path, case: Case, lines: Lines) -> list[CaseError]:

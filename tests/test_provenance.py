@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from casebook import provenance
+from casebook import provenance, results
 from casebook.load import load_case
 
 from conftest import REPO, SMALL_CASE
@@ -111,8 +111,8 @@ def test_every_committed_result_is_current():
     stored = sorted((REPO / "results").glob("*/*.json"))
     assert len(stored) >= 8
     for path in stored:
-        doc = json.loads(path.read_text())
-        case_path = REPO / "cases" / f"{doc['case_id']}.yaml"
+        doc = results.load(path)
+        case_path = REPO / "cases" / f"{doc.case_id}.yaml"
         assert provenance.stale_reasons(doc, case_path, load_case(case_path)) == [], path
 
 

@@ -134,13 +134,14 @@ def test_stale_without_a_measurement_hash_means_the_case_file_changed(doc, tmp_p
     from conftest import SOFTMAX
 
     case = load_case(SOFTMAX)
-    r = {**doc, "case_sha256": case_sha256(SOFTMAX), "kernel_sha256": kernel_sha256("softmax_fusion")}
-    r.pop("measurement_sha256", None)
+    fields = {**doc, "case_sha256": case_sha256(SOFTMAX), "kernel_sha256": kernel_sha256("softmax_fusion")}
+    fields.pop("measurement_sha256", None)
+    r = Result.model_validate(fields)
     assert stale_reasons(r, SOFTMAX, case) == []
     edited = tmp_path / "softmax_fusion.yaml"
     edited.write_bytes(SOFTMAX.read_bytes() + b"\n")
     assert stale_reasons(r, edited, case) == ["the case file softmax_fusion.yaml changed since the run"]
-    assert stale_reasons({**r, "kernel_sha256": "0" * 64}, SOFTMAX, case) == [
+    assert stale_reasons(r.model_copy(update={"kernel_sha256": "0" * 64}), SOFTMAX, case) == [
         "the kernel module softmax_fusion.py changed since the run"]
 
 
@@ -151,8 +152,8 @@ def test_with_a_measurement_hash_prose_edits_keep_a_result_current(doc, tmp_path
     from conftest import SOFTMAX
 
     case = load_case(SOFTMAX)
-    r = {**doc, "case_sha256": "0" * 64, "kernel_sha256": kernel_sha256("softmax_fusion"),
-         "measurement_sha256": measurement_sha256(case)}
+    r = Result.model_validate({**doc, "case_sha256": "0" * 64, "kernel_sha256": kernel_sha256("softmax_fusion"),
+                               "measurement_sha256": measurement_sha256(case)})
     assert stale_reasons(r, SOFTMAX, case) == [], "the write-up changed, not what was measured"
     retitled = case.model_copy(update={"title": "Another title"})
     assert measurement_sha256(retitled) == measurement_sha256(case)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import casebook.kernels
-from casebook import results, run, stability
+from casebook import run, stability
 from casebook.load import load_case
 from casebook.validate import unpublishable
 
@@ -123,4 +123,4 @@ def test_a_run_beside_cpu_burners_marks_its_points(tmp_path, monkeypatch):
         assert p.threads >= 1 and p.interference.window_s > 0
     assert result.stability.unstable == result.stability.points == 2
     assert result.environment.load_average_start and result.environment.cpu_threads >= 1
-    assert any("unstable point(s)" in why for why in unpublishable(load_case(path), results.document(result)))
+    assert any("unstable point(s)" in why for why in unpublishable(load_case(path), result))

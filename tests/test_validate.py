@@ -328,7 +328,9 @@ def test_check_reports_one_hardware_name_with_two_machines_ceilings(make_case):
     paths = [make_case(), make_case(name="other_case")]
     for path, copy_gbps in zip(paths, (45.9, 19.3)):
         result = store_result(path)
-        doc = {**json.loads(result.read_text()), "hardware": {"measured": {"copy_gbps": copy_gbps}}}
+        doc = json.loads(result.read_text())
+        doc["hardware"].update(slug="cpu-one-name-2c-24g", name="cpu-one-name-2c-24g")
+        doc["hardware"]["measured"]["copy_gbps"] = copy_gbps
         (result.parent.parent / "cpu-one-name-2c-24g").mkdir(exist_ok=True)
         (result.parent.parent / "cpu-one-name-2c-24g" / result.name).write_text(json.dumps(doc))
         result.unlink()

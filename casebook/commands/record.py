@@ -49,7 +49,7 @@ def is_current(stored: Result, case_path: Path) -> bool:
         case = load_case(case_path)
     except (CaseError, OSError):
         return False
-    return not provenance.stale_reasons(stored.model_dump(), case_path, case, kernels_dir(case_path))
+    return not provenance.stale_reasons(stored, case_path, case, kernels_dir(case_path))
 
 
 def store(result: Result, results_dir: Path, case_path: Path, force: bool, out: Console) -> int:

@@ -143,4 +143,4 @@ def _attach(book: Book, path: Path) -> None:
 
 def stale_reasons(entry: Entry, result: Result) -> list[str]:
     """Why a stored result no longer describes the current case and kernel (empty: it does)."""
-    return provenance.stale_reasons(result.model_dump(), entry.path, entry.case)
+    return provenance.stale_reasons(result, entry.path, entry.case)
