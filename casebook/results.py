@@ -2,7 +2,7 @@
 
 `save` / `save_as` (a `Result` in) and `load` (a `Result` out) are the ways between a result and its file (the
 `.json.partial` checkpoint included); `document` is the JSON a result is stored as, and what crosses a process
-boundary (a pool's worker, a Ray task). `casebook.validate`'s result checks alone still read the raw JSON.
+boundary (a pool's worker, a Ray task). Every reader (check, compare, record, render) goes through `load`.
 """
 
 from __future__ import annotations
