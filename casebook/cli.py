@@ -178,6 +178,9 @@ def run(
         metavar="ADDRESS", help="Run the cases on a Ray cluster (the `cluster` extra): one task a case.")] = None,
     hardware: Annotated[Optional[str], typer.Option(
         help="With --ray: only on nodes offering this GPU kind (the Ray resource hardware:<slug>).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue this case's last run on this machine that was cut short: its points measured "
+                         "with the same code, case and protocol are kept, the rest measured.")] = False,
 ) -> None:
     """Check, time, place on the roofline and compare one case, at the three levels; the run is kept under
     $CASEBOOK_CACHE/runs (results/ only with --save). Several cases (or --all) run side by side, one worker
@@ -194,7 +197,9 @@ def run(
 
         raise typer.Exit(impl.main(paths[0], variants=variant, quick=quick, counters=counters, json_out=json_out,
                                    results_dir=results, timeout=timeout, save=save, force=force,
-                                   argv=argv_of(ctx, drop=MANY)))
+                                   argv=argv_of(ctx, drop=MANY), resume=resume))
+    if resume:
+        raise typer.BadParameter("resumes one case at a time", param_hint="--resume")
     from casebook.commands import run_many
 
     flags = argv_of(ctx, drop=MANY, arguments=[])[2:]

@@ -29,7 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from casebook.isolate import decode, encode
+from casebook.transport import decode, encode
 
 RANK_TIMEOUT_S = float(os.environ.get("CASEBOOK_RANK_TIMEOUT_S", "300"))
 """All ranks of a task must answer within this (under `isolate`'s per-task limit, so the ranks are
@@ -284,7 +284,7 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
             payload = {**payload, "rank": rank}
         except Exception as e:  # recorded like a raising task in `isolate`
             payload = {"status": "crashed", "error": f"{type(e).__name__}: {e}"}
-        Path(out + ".part").write_bytes(encode(payload))  # data and tensors, never code (`isolate.encode`)
+        Path(out + ".part").write_bytes(encode(payload))  # data and tensors, never code (`transport.encode`)
         os.replace(out + ".part", out)  # whole or absent
     with contextlib.suppress(Exception):
         dist.destroy_process_group()

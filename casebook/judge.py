@@ -14,6 +14,7 @@ import math
 from casebook.check import CheckFailed, compare_output
 from casebook.roofline import FasterThanPhysics, Roofs, place
 from casebook.stats import summarize
+from casebook.transport import Unsent, digest
 
 TIMER_REBOUND = ("the variant's process rebound what the harness relies on ({names}): nothing timed or returned "
                  "there is evidence")
@@ -69,6 +70,7 @@ def judge_call(rec: dict, expected: dict | None, device: str, dtype: str, tolera
                 raise CheckFailed(f"returned {o.get('type')}, not a plain torch.Tensor")
             if o.get("device") != device:
                 raise CheckFailed(f"output on {o.get('device')}, expected {device}")
+            unchanged(o, e, dtype)
             for k in rec.get("modified") or []:
                 raise CheckFailed(f"input {k!r} was modified")
             for j, k in rec.get("aliases_input") or []:
@@ -80,6 +82,28 @@ def judge_call(rec: dict, expected: dict | None, device: str, dtype: str, tolera
         errs.append(err)
         rows.append(row)
     return max(errs, default=0.0), max(rows, default=0.0)
+
+
+def unchanged(o: dict, expected, dtype: str) -> None:
+    """CheckFailed unless the output crossed whole and as it was copied when the call returned: not left
+    behind for want of room (with its shape and dtype where those already say why), and with the checksum the
+    child took of its copy then (`transport.digest`): bytes written into the copy after the call, or into the
+    lent memory after the answer was sent, do not match it."""
+    from casebook.check import TORCH_DTYPES
+
+    t = o["tensor"]
+    if isinstance(t, Unsent):
+        want = str(TORCH_DTYPES[dtype] if expected.is_floating_point() else expected.dtype).removeprefix("torch.")
+        if list(t.shape) != list(expected.shape):
+            raise CheckFailed(f"output shape {t.shape}, expected {tuple(expected.shape)} (not sent: {t.reason})")
+        if t.dtype != want:
+            raise CheckFailed(f"output dtype {t.dtype}, expected {want} (not sent: {t.reason})")
+        raise CheckFailed(f"output not sent: {t.reason}")
+    if not isinstance(o.get("digest"), list):
+        raise CheckFailed("output sent without the checksum taken when the call returned")
+    if digest(t) != o["digest"]:
+        raise CheckFailed("output's bytes changed after they were copied when the call returned (written into "
+                          "the copy, or into the memory it crossed in, before the judge read it)")
 
 
 def judged_on(device: str) -> str | None:

@@ -23,11 +23,18 @@ from dataclasses import dataclass, field
 
 from casebook import autotune, bench
 from casebook.judge import launch_count  # noqa: F401 (the launch floor, kept importable here)
+from casebook.transport import digest
 
 KERNELS_PACKAGE = "casebook.kernels"
 
 SAMPLES = 2
 """Timed repetitions whose outputs are kept (reservoir sampling: each call kept, or not, as it returns)."""
+
+
+def kept_calls(timed: bool) -> int:
+    """Calls of a point whose outputs are sent to be judged: two checks; when timed, the sampled repetitions
+    and the call after timing (what the room lent for its outputs is counted in)."""
+    return 2 + (SAMPLES + 1 if timed else 0)
 
 
 @dataclass(frozen=True)
@@ -179,13 +186,15 @@ class _Poison:
 
 
 def _snapshot(x) -> dict:
-    """One returned value as the parent will see it: its type, its device and a copy taken now (a plain
-    tensor only: a subclass's own code is not run to copy it)."""
+    """One returned value as the parent will see it: its type, its device, a copy taken now (a plain tensor
+    only: a subclass's own code is not run to copy it) and the copy's checksum, taken now too: bytes written
+    into the copy later, before the parent's judge has its own, do not match it (`transport.digest`)."""
     import torch
 
     if type(x) is not torch.Tensor:
         return {"type": type(x).__name__}
-    return {"type": "Tensor", "device": x.device.type, "tensor": torch.Tensor.clone(torch.Tensor.detach(x))}
+    copy = torch.Tensor.clone(torch.Tensor.detach(x))
+    return {"type": "Tensor", "device": x.device.type, "tensor": copy, "digest": digest(copy)}
 
 
 def _overlaps(a, b) -> bool:

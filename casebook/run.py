@@ -10,18 +10,19 @@ import math
 import os
 import re
 import shlex
-from contextlib import nullcontext
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
 from casebook import claims as claims_mod
-from casebook import hardware, interference, judge, levels, stability
+from casebook import hardware, interference, judge, levels, stability, transport
+from casebook.answers import Answers, default_budget, fixed_seeds
 from casebook.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
-from casebook.check import ROW_TOLERANCE, TOLERANCE
+from casebook.check import ROW_TOLERANCE, TOLERANCE, TORCH_DTYPES
 from casebook.isolate import Worker
 from casebook.load import load_case
-from casebook.measure import Task
+from casebook.measure import Task, kept_calls
 from casebook.measure import work as measure_work
 from casebook.oracle import OracleTask
 from casebook.oracle import work as oracle_work
@@ -105,29 +106,42 @@ def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
              progress: Progress | None = None, ceilings: dict | None = None,
              checkpoint: Callable[[Result], None] | None = None, counters: bool = False,
-             case: Case | None = None, argv: list[str] | None = None) -> Result:
+             case: Case | None = None, argv: list[str] | None = None, resume: Result | None = None) -> Result:
     """Run one case end to end: plan, run, and the validated `Result` (not yet kept or stored).
 
-    `checkpoint`, if given, receives the result as it stands after each variant (marked
-    `complete: false`), so a run cut short by a time limit still leaves what it measured. With `counters`,
-    the DRAM bytes of each GPU variant under Nsight Compute (`casebook.counters`), read after the run is
-    complete and handed to `checkpoint` once more: a profiler cut short loses nothing else. `case`: the case
-    at `path`, where the caller has loaded it (it is loaded once a run). `argv`: the command line that asked
-    for the run, stored with it (`argv`, and `command` as one line: every flag kept, for the page's
-    Reproduce); without it, the command is spelled from the options given here.
+    `checkpoint`, if given, receives the result as it stands after each point (marked `complete: false`), so a
+    run cut short by a signal or a time limit still leaves everything it measured. With `counters`, the DRAM
+    bytes of each GPU variant under Nsight Compute (`casebook.counters`), read after the run is complete and
+    handed to `checkpoint` once more: a profiler cut short loses nothing else. `case`: the case at `path`, where
+    the caller has loaded it (it is loaded once a run). `argv`: the command line that asked for the run, stored
+    with it (`argv`, and `command` as one line: every flag kept, for the page's Reproduce); without it, the
+    command is spelled from the options given here. `resume`: a kept run of this case cut short; its points
+    measured with the same code, case, harness, machine and protocol are kept, not measured again, and the run
+    goes on under its ceilings (`resumable`).
     """
     progress = progress or (lambda event, info: None)
     case = case or load_case(path)
     ident = hardware.identify(devices=case.kernel.devices)
     on_gpu = ident["kind"] == "gpu"
+    protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
+    sources = _sources(Path(path), case)
+    reuse, parts = {}, []
+    if resume is not None:
+        reuse, why = resumable(resume, case, ident, protocol, sources)
+        progress("note", {"message": f"resuming {resume.started_at}: {len(reuse)} points kept" if not why else
+                          f"not resuming {resume.started_at}: {why}; measuring afresh"})
+        if not why:
+            ceilings = resume.hardware.measured.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            parts = [*(r.model_dump(mode="json") for r in resume.resumed or []),
+                     {"finished_at": resume.finished_at, "resumed_at": _now(), "points": len(reuse)}]
     progress("ceilings", {"hardware": ident["name"]})
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu,
-           "command": command_line(Path(path), only, quick, counters, argv), "argv": argv, "started": _now(),
-           "sources": _sources(Path(path), case), "ceilings": ceilings or hardware.ceilings(), "loaded": set(),
-           "env": hardware.environment()}
+           "command": command_line(Path(path), only, quick, counters, argv), "argv": argv,
+           "started": resume.started_at if parts else _now(), "resumed": parts,
+           "sources": sources, "ceilings": ceilings or hardware.ceilings(), "loaded": set(),
+           "env": hardware.environment(), "reuse": reuse}
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
                       cpu_threads=interference.cpu_threads())
-    protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
         from casebook.distributed import measure_topology
 
@@ -136,8 +150,13 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     groups = plan(case, on_gpu, protocol, run["ceilings"], only, (ident.get("topology") or {}).get("bus_gbps"))
     progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
 
-    with Worker(oracle_work, variant_env(interpreted=False, devices=case.kernel.devices)) as run["oracle"]:
-        outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)  # one oracle: it runs no variant
+    device = "cuda" if on_gpu else "cpu"
+    arena, run["crossing"] = transport.arena_for(device)
+    progress("note", {"message": f"crossing: {run['crossing']}"})
+    oracle_env = variant_env(interpreted=False, devices=case.kernel.devices)
+    with Worker(oracle_work, oracle_env, arena=arena) as oracle:  # one oracle: it runs no variant
+        run["answers"] = Answers(oracle, timeout_s, default_budget(device))
+        outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
     run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
     doc = assemble(run, protocol, groups, outcomes, complete=True)
     result = Result.model_validate(doc)
@@ -151,6 +170,44 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     return result
 
 
+REUSED = ("ok", "checked", "failed", "skipped")
+"""Statuses of a kept run's points that a resumed run keeps: each was measured, or told why it could not be;
+a crash or a timeout is tried again."""
+
+RESUME_PROTOCOL = ("warmup_ms", "min_reps", "max_reps", "target_ci", "time_cap_s")
+"""What of the timing protocol a kept run must share (its cache and graph are the case's, which
+`measurement_sha256` covers)."""
+
+
+def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol, sources: dict) -> tuple[dict, str | None]:
+    """The points of `kept` a run of `case` here may keep, by `point_key`, as the payloads they were judged from;
+    or why none: another case, kernel code, measured part of the case, harness, machine or timing protocol."""
+    differs = [what for what, a, b in (
+        ("case", kept.case_id, case.id),
+        ("kernel code (kernel_sha256)", kept.kernel_sha256, sources["kernel_sha256"]),
+        ("case's kernel, levels or claims (measurement_sha256)", kept.measurement_sha256,
+         sources["measurement_sha256"]),
+        ("harness (casebook_sha256)", kept.environment.casebook_sha256, hardware.source_sha256()),
+        ("machine", kept.hardware.slug, ident["slug"]),
+        ("timing protocol", [getattr(kept.protocol, k) for k in RESUME_PROTOCOL],
+         [getattr(protocol, k) for k in RESUME_PROTOCOL])) if a != b]
+    if differs:
+        return {}, "another " + ", ".join(differs)
+    out = {}
+    for level, points in (("kernel", kept.kernel_level), ("workload", kept.workload_level.points)):
+        for p in points:
+            if p.status in REUSED:
+                doc = p.model_dump(mode="json", by_alias=True, exclude_unset=True)
+                for k in ("variant", "shape", "dtype", "speedup", "weight", "source"):
+                    doc.pop(k, None)
+                out[point_key(level, p.variant, p.shape, p.dtype)] = doc
+    return out, None
+
+
+def point_key(level: str, variant: str, shape: dict, dtype: str) -> tuple:
+    return (level, variant, shape_label(shape), dtype)
+
+
 def command_line(path: Path, only: list[str] | None, quick: bool, counters: bool,
                  argv: list[str] | None = None) -> str:
     """The command a result names: `argv` as one shell line where the caller gave it, else spelled from the
@@ -162,24 +219,31 @@ def command_line(path: Path, only: list[str] | None, quick: bool, counters: bool
 
 
 def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:
-    """Every group's tasks, the traffic model's intensity and the paired timings, into `run`; the outcomes."""
+    """Every group's tasks, the traffic model's intensity and the paired timings, into `run`; the outcomes. After
+    each point, the result as it stands goes to `checkpoint`."""
     case = run["case"]
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
     for name, g in groups.items():
-        tasks = g["tasks"]
+        tasks, mine = g["tasks"], []
+        outcomes[name] = mine
         child_env = variant_env(interpreted=g["device"] == "cpu" and not g["timed"], devices=case.kernel.devices)
 
-        def done(i, payload, tasks=tasks):
+        def done(i, payload, tasks=tasks, mine=mine):
+            mine.append((tasks[i], payload))
             progress("task", {"task": tasks[i], "payload": payload})
+            if checkpoint is not None:
+                checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes,
+                                                          complete=False)))
 
-        payloads = execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
-                           oracle=run["oracle"])
-        outcomes[name] = list(zip(tasks, payloads))
-        if checkpoint is not None and len(outcomes) < len(groups):
-            checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes,
-                                                      complete=False)))
+        t0 = time.perf_counter()
+        execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
+                answers=run["answers"], reuse=run["reuse"])
+        g["wall_s"] = time.perf_counter() - t0
+        g["timed_s"] = sum(p.get("harness", {}).get("timed_s") or 0.0 for _, p in mine)
+        progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
+                             "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept"))})
 
-    run["intensity"] = intensity_check(case, run["oracle"].request(traffic_task(case), timeout_s))
+    run["intensity"] = intensity_check(case, run["answers"].oracle.request(traffic_task(case), timeout_s))
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
@@ -188,8 +252,7 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
             progress("task", {"task": pairs[i], "payload": payload})
 
         payloads = execute(pairs, timeout_s=timeout_s, env=variant_env(interpreted=False, devices=case.kernel.devices),
-                           on_done=paired,
-                           loaded=run["loaded"], oracle=run["oracle"])
+                           on_done=paired, loaded=run["loaded"], answers=run["answers"])
         run["pairs"] = list(zip(pairs, payloads))
     return outcomes
 
@@ -200,42 +263,90 @@ def reference_seeds(task: Task) -> set[int]:
     return {task.seed, task.seed + 1, task.seed + 3} | {task.seed + 10 + j for j in range(MAX_INPUT_SETS)}
 
 
-def execute(tasks: list[Task], *, timeout_s: float, env: dict, on_done: Callable[[int, dict], None] | None = None,
-            loaded: set | None = None, oracle: Worker | None = None) -> list[dict]:
-    """Each task run in the variant's child (`measure.work`, which only executes), the reference's answers
-    computed in another (`oracle.work`, which never calls a variant), and the two judged here
-    (`casebook.judge`). One payload per task, in order; `loaded` gathers the kernel modules the variant's
-    child imported. `oracle`: the reference's child to ask (one for a whole run: it never runs a variant)."""
+def call_bytes(answers: dict, dtype: str) -> int:
+    """The room one call's outputs take in the arena, at the reference's shapes and the point's dtype (`ALIGN`ed
+    each): what a variant that returns what the reference does needs. 0 where the reference gave nothing."""
+    first = next((e for e in (answers.get("expected") or {}).values() if isinstance(e, dict)), None)
+    total = 0
+    for e in (first or {}).get("outputs") or []:
+        if not hasattr(e, "is_floating_point"):
+            continue
+        size = TORCH_DTYPES[dtype].itemsize if e.is_floating_point() else e.element_size()
+        total += transport.aligned(e.numel() * size)
+    return total
+
+
+def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers,
+            on_done: Callable[[int, dict], None] | None = None, loaded: set | None = None,
+            reuse: dict | None = None) -> list[dict]:
+    """Each task run in the variant's child (`measure.work`, which only executes), judged here (`casebook.judge`)
+    against the reference's answers (`answers`, from a child that never calls a variant). One payload per task,
+    in order; `loaded` gathers the kernel modules the variant's child imported. `reuse`: payloads already
+    measured, by `point_key` (a resumed run's), which are not measured again.
+
+    A point's reference is asked for first: its outputs' shapes set the room the variant's child is lent for
+    the outputs of its kept calls (`measure.kept_calls`); on a GPU they cross in device memory
+    (`casebook.transport`). Each point records what its measurement cost (`harness`): wall time, the time of its
+    timed calls, the wait for the reference, the crossing and the judging."""
     out: list[dict] = []
     if not tasks:
         return out
-    with Worker(measure_work, env) as variant, (nullcontext(oracle) if oracle else Worker(oracle_work, env)) as ref:
+    arena, _ = transport.arena_for(tasks[0].device)
+    with Worker(measure_work, env, arena=arena) as variant:
         for i, task in enumerate(tasks):
-            raw = variant.request(task, timeout_s)
-            if loaded is not None and isinstance(raw.get("loaded"), list):
-                loaded.update(m for m in raw["loaded"] if isinstance(m, str))
-            if task.kind == "pair":
-                payload = judge.pair(raw)
+            t0 = time.perf_counter()
+            key = point_key(task.level, task.variant, task.shape, task.dtype)
+            if task.kind == "point" and reuse and key in reuse:
+                payload = {**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}}
+            elif task.kind == "pair":
+                payload = judge.pair(variant.request(task, timeout_s))
             elif task.kind == "end_to_end":
-                payload = judge.end_to_end(raw, task.dtype)
+                raw = variant.request(task, timeout_s)
+                payload = {**judge.end_to_end(raw, task.dtype),
+                           "harness": {"timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
             else:
-                answers = None
-                if raw.get("status") == "ran":
-                    wanted = reference_seeds(task)
-                    recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
-                    seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict)} & wanted)
-                    answers = ref.request(OracleTask(module=task.module, shape=task.shape, dtype=task.dtype,
-                                                     device=task.device, seeds=tuple(seeds), reference=task.reference,
-                                                     inputs=task.inputs, traffic=task.traffic if task.timed else ""),
-                                          timeout_s)
-                payload = judge.point(task, raw, answers)
-                del answers
-                judge.release(task.device)
+                payload = _point(task, variant, answers, timeout_s, loaded, t0)
+            if task.kind == "end_to_end" and not payload.get("harness", {}).get("wall_s"):
+                payload["harness"]["wall_s"] = time.perf_counter() - t0
             out.append(payload)
             if on_done is not None:
                 on_done(i, payload)
-            del raw
     return out
+
+
+def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, loaded: set | None, t0: float) -> dict:
+    """One point: the reference's answers, the variant's run with room lent for its outputs, the judgement."""
+    fixed = answers.get(task, fixed_seeds(task)) if task.devices == 1 else {"status": "ok", "expected": {}}
+    oracle_s = answers.last_s
+    room = kept_calls(task.timed) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
+    raw = variant.request(task, timeout_s, room=room)
+    transport_s = variant.receive_s
+    if loaded is not None and isinstance(raw.get("loaded"), list):
+        loaded.update(m for m in raw["loaded"] if isinstance(m, str))
+    reference = None
+    if raw.get("status") == "ran":
+        recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
+        seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict)} & reference_seeds(task))
+        reference = answers.get(task, seeds)
+        oracle_s += answers.last_s
+    t1 = time.perf_counter()
+    payload = judge.point(task, raw, reference)
+    raw.pop("calls", None)  # the outputs: judged, and let go before the next point
+    raw.pop("rank_calls", None)
+    del reference
+    judge.release(task.device)
+    t2 = time.perf_counter()
+    ranks = raw.get("rank_times_us") if isinstance(raw.get("rank_times_us"), list) else []
+    timed_s = max([_timed_s(raw.get("times_us"))] + [_timed_s(r) for r in ranks])  # ranks time side by side
+    payload["harness"] = {"wall_s": t2 - t0, "timed_s": timed_s, "oracle_s": oracle_s, "transport_s": transport_s,
+                          "judge_s": t2 - t1}
+    return payload
+
+
+def _timed_s(*runs) -> float:
+    """Seconds of timed repetitions in the lists of microseconds given (what timing measured, not what it cost)."""
+    return sum(t for times in runs if isinstance(times, list) for t in times
+               if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)) / 1e6
 
 
 def traffic_task(case: Case) -> OracleTask:
@@ -306,7 +417,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         variants.append({"name": name, "note": v.note, "backends": list(v.backends), "device": g["device"],
                          "mode": "timed" if g["timed"] else ("checked" if g["device"] else "skipped"),
                          "first_call_s": first_calls[0] if first_calls else None,
-                         "first_call_s_max": max(first_calls) if first_calls else None})
+                         "first_call_s_max": max(first_calls) if first_calls else None,
+                         **({"wall_s": g["wall_s"], "timed_s": g["timed_s"]} if "wall_s" in g else {})})
         if g["device"] is None:
             shapes = case.levels.kernel.shapes if on_gpu else case.levels.kernel.cpu_shapes
             kernel_points += [{"variant": name, "shape": s, "dtype": d, "status": "skipped",
@@ -317,7 +429,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
             point = {"variant": name, "shape": task.shape, "dtype": task.dtype, **p}
             point.pop("traceback", None)
             if task.kind == "point" and (unstable := stability.reasons(point, task.device)):
-                point["unstable"] = point.get("unstable", []) + unstable
+                point["unstable"] = list(dict.fromkeys(point.get("unstable", []) + unstable))  # a kept point's once
             if task.kind == "end_to_end":
                 e2e_runs[name] = p
             elif task.level == "kernel":
@@ -342,10 +454,12 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                     "isolation": "one child process per variant, which only runs it; the reference in another, "
                                  "which never runs a variant; outputs judged and times summarised in the parent; a "
                                  "crash or hang is recorded and the rest goes on",
+                    "transport": run.get("crossing"),
                     "correctness": "2 calls on fresh random inputs before timing, 2 timed repetitions sampled as they "
                                    "returned, 1 call after timing on new values in the same tensors; float64 "
                                    "reference; normwise and per-row relative error; NaN/Inf fail; the allocator "
-                                   "poisoned before every call alike; inputs checked unmodified"}
+                                   "poisoned before every call alike; inputs checked unmodified; each output's "
+                                   "checksum taken as it was copied, checked where it is judged"}
     if case.kernel.devices > 1:
         from casebook.distributed import LOCKSTEP
 
@@ -384,6 +498,7 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
         "arithmetic_intensity": run.get("intensity"),
         "claims": claims_mod.evaluate(case, run["ident"]["slug"], kernel_points, workload, e2e, _paired(run)),
         **({"argv": list(run["argv"])} if run.get("argv") else {}),
+        **({"resumed": run["resumed"]} if run.get("resumed") else {}),
     }
 
 

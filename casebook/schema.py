@@ -519,6 +519,23 @@ class Launches(Record):
         default=None, description="On a GPU: whether the profiler counted them (else one direct launch is assumed).")
 
 
+class HarnessCost(Record):
+    """What measuring one point cost the harness, beside what its timed calls took (`casebook.run.execute`)."""
+
+    wall_s: float | None = Field(default=None, description="The point's whole time in the run, seconds: the "
+                                                           "reference, the variant's child, the crossing, the judging.")
+    timed_s: float | None = Field(default=None, description="The sum of its timed repetitions, seconds: what the "
+                                                            "timing measured.")
+    oracle_s: float | None = Field(default=None, description="Waiting for the reference's answers, seconds (0 where "
+                                                             "every answer was kept from an earlier variant).")
+    transport_s: float | None = Field(default=None, description="Reading the child's answer once it began to "
+                                                                "arrive, seconds: the crossing of its outputs.")
+    judge_s: float | None = Field(default=None, description="Comparing the outputs with the answers, summarising "
+                                                            "and placing the point, seconds.")
+    kept: bool | None = Field(default=None, description="True where a resumed run kept the point from the run it "
+                                                        "resumed (these costs are that run's).")
+
+
 class Point(Record):
     """One level-1 (or level-2) measurement of one variant at one shape and dtype."""
 
@@ -622,6 +639,9 @@ class Point(Record):
     input_bytes: int | None = Field(default=None, description="Bytes of the call's input tensors.")
     weight: float | None = Field(default=None, description="Level 2: the shape's weight in the distribution.")
     source: str | None = Field(default=None, description="Level 2: where the shape and its weight come from.")
+    harness: HarnessCost | None = Field(
+        default=None, description="What measuring the point cost: wall time, timed time, the wait for the "
+                                  "reference, the crossing and the judging, seconds.")
 
 
 class ClaimPairedTiming(Record):
@@ -796,6 +816,8 @@ class TimingProtocol(Record):
     row_tolerances: dict[str, float] | None = Field(default=None, description="Per-row relative error allowed, per "
                                                                              "dtype.")
     isolation: str = Field(description="How variants are kept apart, in words.")
+    transport: str | None = Field(default=None, description="How outputs and answers crossed to the judge: on the "
+                                                            "device, or through the host (and why), in words.")
     correctness: str = Field(description="How outputs are checked, in words.")
     ranks: str | None = Field(default=None, description="Multi-device cases: how the ranks time a point, in words.")
     host_slack: str | None = Field(default=None, description="GPU: the device-side delay's rule, in words.")
@@ -817,6 +839,10 @@ class VariantOutcome(Record):
                                                                  "autotuning, compilation), seconds.")
     first_call_s_max: float | None = Field(default=None, description="The longest first call over its shapes, "
                                                                      "seconds.")
+    wall_s: float | None = Field(default=None, description="Its points and scenario, from the first task to the last, "
+                                                           "seconds (the child's start and compilation included).")
+    timed_s: float | None = Field(default=None, description="Of that, the sum of its timed repetitions, seconds: the "
+                                                            "rest is what the harness cost.")
 
 
 class WorkloadSummary(Record):
@@ -919,6 +945,14 @@ class IntensityCheck(Record):
     error: str | None = Field(default=None, description="Why the model gave no intensity.")
 
 
+class ResumedPart(Record):
+    """A cut in a resumed run: where one session stopped and the next took over, keeping what was measured."""
+
+    finished_at: str = Field(description="When the earlier session was cut short (its last checkpoint), UTC ISO 8601.")
+    resumed_at: str = Field(description="When the next session resumed it, UTC ISO 8601.")
+    points: int = Field(description="The points measured before the cut that this result keeps.")
+
+
 class Result(Record):
     """What one `casebook run` measured, with everything needed to trust and reproduce it."""
 
@@ -958,6 +992,9 @@ class Result(Record):
     command: str = Field(description="The command that produced this result.")
     argv: list[str] | None = Field(
         default=None, description="The exact argument list of that command, every flag kept (absent in older results).")
+    resumed: list[ResumedPart] | None = Field(
+        default=None, description="Where the run was cut short and resumed (`casebook run --resume`): each cut's "
+                                  "time, the resumption's and the points kept across it; absent: one session.")
 
 
 def dtype_bytes(dtype: str) -> float:

@@ -302,11 +302,16 @@ def test_cheats_end_to_end_and_summary(cheats_run):
 
 def test_progress_reports_every_task(cheats_run):
     _, events, _ = cheats_run
-    kinds = [e for e, _ in events]
+    kinds = [e for e, _ in events if e != "note"]
     assert kinds[:2] == ["ceilings", "plan"]
-    total = events[1][1]["total"]
-    assert kinds[2:] == ["task"] * total + ["pairs", "task"]  # then the one paired timing
+    total = events[[e for e, _ in events].index("plan")][1]["total"]
+    assert [k for k in kinds[2:] if k != "variant"] == ["task"] * total + ["pairs", "task"]  # then the paired timing
     assert total == 6 * 2 + 1  # six variants run here, a kernel and a workload point each; one scenario
+    variants = [info for e, info in events if e == "variant"]
+    assert sorted(v["points"] for v in variants if v["points"]) == [2] * 5 + [3]  # after each variant, its cost
+    assert all(0 <= v["timed_s"] <= v["wall_s"] for v in variants)
+    notes = [info["message"] for e, info in events if e == "note"]
+    assert any(n.startswith("crossing: host") for n in notes), "the run says how its outputs crossed"
 
 
 # --- the real case, as CI runs it ----------------------------------------------------------------------
@@ -357,8 +362,7 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
     assert doc["protocol"]["cache"] == "cold" and doc["protocol"]["timer"] == "time.perf_counter_ns"
     assert doc["end_to_end"]["status"] == "partial" and doc["end_to_end"]["kernel_share"] > 0
     assert all(c["held"] is None for c in doc["claims"]), "every claim is for an H200"
-    print(f"casebook run cases/softmax_fusion.yaml: {seconds:.1f} s")
-    assert seconds < 150, f"took {seconds:.0f} s; about 40 s expected on a quiet 2-core machine"
+    print(f"casebook run cases/softmax_fusion.yaml: {seconds:.1f} s")  # about 40 s on a quiet 2-core machine
 
 
 class InProcessOracle:
@@ -367,7 +371,7 @@ class InProcessOracle:
     def __init__(self, *args, **kwargs):
         pass
 
-    def request(self, task, timeout_s):
+    def request(self, task, timeout_s, room=0, grow=False):
         from casebook.oracle import work
 
         return work(task)
@@ -379,25 +383,39 @@ class InProcessOracle:
         pass
 
 
+def _checked(tasks, on_done=None, **kw):
+    """Every task answered `checked`, each handed to `on_done` as it is, like `run.execute`."""
+    out = []
+    for i, _ in enumerate(tasks):
+        out.append({"status": "checked"})
+        if on_done is not None:
+            on_done(i, out[-1])
+    return out
+
+
 def stub_children(monkeypatch, execute=None):
     """No child processes: every task answered `checked`, the reference's child in this process."""
     from casebook import run as run_mod
 
     monkeypatch.setattr(run_mod, "Worker", InProcessOracle)
-    monkeypatch.setattr(run_mod, "execute", execute or (lambda tasks, **kw: [{"status": "checked"} for _ in tasks]))
+    monkeypatch.setattr(run_mod, "execute", execute or _checked)
 
 
-def test_checkpoint_after_each_variant_but_the_last(tmp_path, monkeypatch):
-    """A run cut short keeps what it measured: run_case hands over the result as it stands after each variant,
-    which `results.save_as` writes as the checkpoint beside the run."""
+def test_a_checkpoint_after_each_point(tmp_path, monkeypatch):
+    """A run cut short keeps everything it measured: run_case hands over the result as it stands after each
+    point, which `results.save_as` writes as the checkpoint beside the run."""
     from casebook import run as run_mod
 
     seen: list[Result] = []
+    planned: list[int] = []
     stub_children(monkeypatch)
-    result = run_mod.run_case(SOFTMAX, checkpoint=seen.append)
-    variants = [v.name for v in result.variants]
+    result = run_mod.run_case(SOFTMAX, checkpoint=seen.append,
+                              progress=lambda event, info: planned.append(info["total"]) if event == "plan" else None)
     assert result.complete is True
-    assert [len(r.variants) for r in seen] == list(range(1, len(variants)))
+    assert len(seen) == planned[0], "a checkpoint after every task"
+    checked = [sum(p.status == "checked" for p in r.kernel_level + r.workload_level.points) for r in seen]
+    assert checked == sorted(checked) and checked[-1] == sum(
+        p.status == "checked" for p in result.kernel_level + result.workload_level.points)
     assert all(isinstance(r, Result) and r.complete is False for r in seen)
     written = results.save_as(seen[-1], tmp_path / "run.json")
     assert written == tmp_path / "run.json.partial" and results.load(written) == seen[-1]

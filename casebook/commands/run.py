@@ -24,10 +24,12 @@ STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed
 
 
 def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float, save: bool = False, force: bool = False, argv: list[str] | None = None) -> int:
+         timeout: float, save: bool = False, force: bool = False, argv: list[str] | None = None,
+         resume: bool = False) -> int:
     """Run, keep the run under the cache's runs folder, compare it with the stored result for this machine;
     with `save`, also store it in `results_dir` (`casebook.commands.record`). `argv`, the command line as
-    parsed, is stored with the run (every flag kept, for the page's Reproduce)."""
+    parsed, is stored with the run (every flag kept, for the page's Reproduce). `resume`: continue the case's
+    last run on this machine that was cut short (`casebook.run.resumable` says what it keeps)."""
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, read_case
 
@@ -41,20 +43,32 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
         console.print(Text(why, style="red"))
         return 2
     previous = signal.signal(signal.SIGTERM, _terminated)
+    kept: list[Path] = []
     try:
         return _run(case, variants=variants, quick=quick, counters=counters, json_out=json_out,
-                    results_dir=results_dir, timeout=timeout, save=save, force=force, argv=argv, loaded=loaded[0])
+                    results_dir=results_dir, timeout=timeout, save=save, force=force, argv=argv, loaded=loaded[0],
+                    resume=resume, kept=kept)
     except Terminated:
-        console.print("casebook run: terminated (SIGTERM); every child process ended, nothing stored", highlight=False)
+        console.print(f"casebook run: terminated (SIGTERM); every child process ended; {_what_was_kept(kept, case)}",
+                      highlight=False)
         return 143
     except KeyboardInterrupt:
-        console.print("casebook run: interrupted; every child process ended, nothing stored", highlight=False)
+        console.print(f"casebook run: interrupted; every child process ended; {_what_was_kept(kept, case)}",
+                      highlight=False)
         return 130
     except OSError as e:  # a full disk, a folder that cannot be written: one line, never a traceback
         console.print(Text(f"casebook run: {e.filename or ''}: {e.strerror or e}", style="red"))
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _what_was_kept(kept: list[Path], case: Path) -> str:
+    """Where a run cut short left what it measured, and how to go on from it."""
+    if not kept:
+        return "nothing was measured yet, nothing stored"
+    return (f"what it measured is kept in {kept[-1]} (nothing stored in results/); "
+            f"`casebook run {case} --resume` goes on from it")
 
 
 class Terminated(BaseException):
@@ -73,8 +87,15 @@ def preflight_problem(case: Path, results_dir: Path, save: bool, loaded: tuple |
 
 
 def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
-         timeout: float, save: bool, force: bool, argv: list[str] | None, loaded=None) -> int:
+         timeout: float, save: bool, force: bool, argv: list[str] | None, loaded=None, resume: bool = False,
+         kept: list | None = None) -> int:
     from casebook import run
+
+    earlier = None
+    if resume:
+        earlier = last_cut_short(loaded)
+        console.print(f"resuming {earlier[0]}" if earlier else "no run of this case cut short on this machine: "
+                      "measuring afresh", highlight=False)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
@@ -89,6 +110,8 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                 bar.update(job, total=info["total"], completed=0, description="checking and timing")
             elif event == "pairs":
                 bar.update(job, total=info["total"], completed=0, description="claims: paired timings")
+            elif event == "variant" and info["points"]:
+                console.print(harness_line(info), highlight=False)
             elif event == "task":
                 t, p = info["task"], info["payload"]
                 name = f"{t.variant} / {t.over}" if t.kind == "pair" else t.variant
@@ -104,7 +127,8 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                                   f"{p.get('error', '')}[/red]", highlight=False)
 
         result = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
-                         progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded)
+                         progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded,
+                         resume=earlier[1] if earlier else None, kept=kept)
     if json_out:
         from casebook.results import document
 
@@ -123,16 +147,20 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
 
 
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
-            progress, say, ceilings: dict | None = None, loaded=None) -> Result:
+            progress, say, ceilings: dict | None = None, loaded=None, resume: Result | None = None,
+            kept: list | None = None) -> Result:
     """One case's run (`casebook.run.run_case`), its counters if asked, the command line that made it: the
-    `Result`, not yet kept. A checkpoint is kept after each variant but the last (`keep`), so a run
-    cut short leaves what it measured. The same for one case here and for each case of a pool or a cluster
-    (`ceilings`: the machine's, measured once for a CPU pool's workers; else this device's, cached).
-    `loaded`: the case at `case`, where the caller has loaded it."""
+    `Result`, not yet kept. A checkpoint is kept after each point (`keep`), so a run cut short leaves what it
+    measured, and `kept` (a list, where given) gets the checkpoint's path. The same for one case here and for
+    each case of a pool or a cluster (`ceilings`: the machine's, measured once for a CPU pool's workers; else
+    this device's, cached). `loaded`: the case at `case`, where the caller has loaded it. `resume`: a kept run
+    cut short, to go on from."""
     from casebook import results, run
 
     def checkpoint(partial: Result) -> None:
-        results.save_as(partial, results.run_path(results.runs_dir(), partial))
+        path = results.save_as(partial, results.run_path(results.runs_dir(), partial))
+        if kept is not None:
+            kept[:] = [path]
 
     def noted(event: str, info: dict) -> None:
         if event == "note":
@@ -142,7 +170,31 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
 
     # argv: the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
     return run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted, checkpoint=checkpoint,
-                        ceilings=ceilings, counters=counters, case=loaded, argv=list(argv) if argv else None)
+                        ceilings=ceilings, counters=counters, case=loaded, argv=list(argv) if argv else None,
+                        resume=resume)
+
+
+def last_cut_short(case) -> tuple[Path, Result] | None:
+    """This case's newest kept run on this machine that was cut short (`<start>.json.partial` under the runs
+    folder), loaded; None where there is none."""
+    from casebook import hardware, results
+
+    folder = results.runs_dir() / hardware.identify(devices=case.kernel.devices)["slug"] / case.id
+    partials = sorted(folder.glob(f"*.json{results.PARTIAL}"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(partials):
+        try:
+            return path, results.load(path)
+        except ValueError:
+            continue
+    return None
+
+
+def harness_line(info: dict) -> str:
+    """A variant's cost in the run: its points, its wall time and the share of it its timed calls took."""
+    wall, timed, n = info["wall_s"], info["timed_s"], info["points"]
+    kept = f", {info['kept']} kept from the run resumed" if info.get("kept") else ""
+    return (f"  {info['name']}: {n} tasks in {wall:.1f} s, {timed:.2f} s of it timed calls; harness "
+            f"{wall - timed:.1f} s ({(wall - timed) / max(n, 1):.2f} s a task){kept}")
 
 
 def keep(result: Result) -> Path:
