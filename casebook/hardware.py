@@ -27,8 +27,12 @@ an older cache, which may hold a busy machine's, is measured again."""
 MATMUL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 28672, 4096), (2048, 2048, 16384)]
 """m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: gemm_tiled shapes
 where kernels outran the 8192^3 rate on an H200)."""
-MATMUL_REST_S = 2.0
-"""Idle time before each ceiling matmul, for the clock to recover from the power limit (2 s sufficed on an H200)."""
+MATMUL_REST_S = 0.5
+"""Idle time before each ceiling matmul, for the clock to recover from the power limit. 2 s brought an H200
+back from 3 s of matmuls at its power limit; each ceiling matmul is timed for a few tens of milliseconds, so
+the GPU is never hot for long (docs/method.md, 3: "Ceilings are measured rested")."""
+MATMUL_BEST_SHAPES = 2
+"""bf16 is timed at every `MATMUL_SHAPES`; the other dtypes at this many of them, the fastest for bf16."""
 
 
 @cache
@@ -283,13 +287,16 @@ def best_of(a: dict, b: dict) -> dict:
 # ceiling measured low would let an honest kernel look faster than physics.
 
 
-def measure_gpu() -> dict:
-    """Copy bandwidth (read + write), dense matmul per dtype, one launch, one kernel inside a graph."""
+def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_BEST_SHAPES,
+                time_cap_s: float = 0.25) -> dict:
+    """Copy bandwidth (read + write), dense matmul per dtype, one launch, one kernel inside a graph. `rest_s`,
+    `best_shapes` (None: every shape for every dtype) and `time_cap_s` (each ceiling's timing) make it as
+    thorough as before (2.0, None, 1.0: 41 s on an H200) for a comparison (benchmarks/explore/method/)."""
     import torch
 
     from casebook.bench import HOST_SLACK_US, Protocol, time_fn
 
-    proto = Protocol(cache="warm", time_cap_s=1.0)
+    proto = Protocol(cache="warm", time_cap_s=time_cap_s)
     g = torch.Generator(device="cuda").manual_seed(0)
     src = torch.randn(2**28, device="cuda", generator=g)  # 1 GiB of fp32, far over L2
     dst = torch.empty_like(src)
@@ -300,28 +307,31 @@ def measure_gpu() -> dict:
     # A GPU at its power limit runs matmuls at a clock set by its recent power draw, so a ceiling
     # measured hot reads low and the gate refuses honest points: each shape is timed after a rest,
     # and the ceiling is the fastest of several shapes (docs/method.md, 3: "Ceilings are measured rested").
-    def best_tflops(dtype, shapes, call=torch.matmul, b_column_major=False) -> float:
-        best = 0.0
+    def rates(dtype, shapes, call=torch.matmul, b_column_major=False) -> dict:
+        out = {}
         for m, n, k in shapes:
-            time.sleep(MATMUL_REST_S)
             a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
             b = (torch.randn(n, k, device="cuda", generator=g).to(dtype).t() if b_column_major
                  else torch.randn(k, n, device="cuda", generator=g).to(dtype))
-            best = max(best, 2 * m * n * k / time_fn(lambda: call(a, b), "cuda", proto).summary.min_us / 1e6)
-        return best
+            torch.cuda.synchronize()
+            time.sleep(rest_s)
+            out[(m, n, k)] = 2 * m * n * k / time_fn(lambda a=a, b=b: call(a, b), "cuda", proto).summary.min_us / 1e6
+        return out
 
-    matmul = {}
-    for name, dtype, shapes in (("bf16", torch.bfloat16, MATMUL_SHAPES), ("fp16", torch.float16, MATMUL_SHAPES),
-                                ("tf32", torch.float32, MATMUL_SHAPES), ("fp32", torch.float32, [(4096,) * 3])):
+    bf16 = rates(torch.bfloat16, MATMUL_SHAPES)
+    best = sorted(bf16, key=bf16.get, reverse=True)[:best_shapes] if best_shapes else MATMUL_SHAPES
+    matmul = {"bf16": max(bf16.values())}
+    for name, dtype, shapes in (("fp16", torch.float16, best), ("tf32", torch.float32, best),
+                                ("fp32", torch.float32, [(4096,) * 3])):
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
-        matmul[name] = best_tflops(dtype, shapes)
+        matmul[name] = max(rates(dtype, shapes).values())
     torch.backends.cuda.matmul.allow_tf32 = False
     if hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"):
         one = torch.ones((), device="cuda")
         try:
             scaled_mm = lambda a, b: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-            matmul["fp8_e4m3"] = matmul["fp8_e5m2"] = best_tflops(  # _scaled_mm wants B column-major
-                torch.float8_e4m3fn, MATMUL_SHAPES, scaled_mm, b_column_major=True)
+            matmul["fp8_e4m3"] = matmul["fp8_e5m2"] = max(rates(  # _scaled_mm wants B column-major
+                torch.float8_e4m3fn, best, scaled_mm, b_column_major=True).values())
         except (RuntimeError, TypeError):
             pass
     matmul.setdefault("fp64", matmul["fp32"])
@@ -347,7 +357,9 @@ def measure_gpu() -> dict:
             "graph_launch_us": graph_launch_us, "method": {
                 "copy": "1 GiB fp32 device-to-device copy_, bytes read + written",
                 "matmul": "the fastest random m x n x k torch.matmul of "
-                          + ", ".join("x".join(map(str, s)) for s in MATMUL_SHAPES) + " (fp32 without tf32: 4096^3)",
+                          + ", ".join("x".join(map(str, s)) for s in MATMUL_SHAPES)
+                          + (f" in bf16, of its {len(best)} fastest in fp16, tf32 and fp8" if best_shapes else "")
+                          + f" (fp32 without tf32: 4096^3), each after {rest_s:g} s idle",
                 "launch": f"{n} back-to-back x.add_(1) on one element, per launch",
                 "graph_launch": f"the same {n} kernels replayed in one CUDA graph, per kernel"}}
 

@@ -24,7 +24,18 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from casebook.transport import BadMessage, NeedRoom, Spill, clear_spill, open_loan, receive, send, send_frames, split
+from casebook.transport import (
+    BadMessage,
+    LoanLost,
+    NeedRoom,
+    Spill,
+    clear_spill,
+    open_loan,
+    receive,
+    send,
+    send_frames,
+    split,
+)
 
 _ctx = mp.get_context("spawn")
 
@@ -81,6 +92,9 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
         while True:
             try:
                 outbox = open_loan(loan)
+            except LoanLost as e:  # the variant unmapped it: refused, not sent another way
+                frames = split({"done": {"status": "crashed", "error": f"unsendable answer: {e}"}})
+                break
             except Exception as e:  # the loan cannot be mapped here: the host crossing, and the parent told why
                 outbox = None
                 payload = {**payload, "crossing_error": f"{type(e).__name__}: {e}"[:300]}

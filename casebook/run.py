@@ -235,6 +235,8 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
                 checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes,
                                                           complete=False)))
 
+        if not tasks:  # a variant with no backend here
+            continue
         t0 = time.perf_counter()
         execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
                 answers=run["answers"], reuse=run["reuse"])

@@ -179,6 +179,10 @@ def send_frames(conn, header: bytes, blobs: list) -> None:
         conn.send_bytes(b)
 
 
+class LoanLost(Exception):
+    """In the child: the loan it holds was closed there (by the variant: the harness never closes a loan in use)."""
+
+
 class NoRoom(Exception):
     """In the child: a tensor does not fit in what is left of the loan (the message says how much)."""
 
@@ -221,6 +225,8 @@ def open_loan(grant: dict | None) -> Outbox | None:
     if not grant:
         return None
     key = (grant["kind"], grant["name"], grant["bytes"])
+    if _opened.get("key") == key and getattr(_opened.get("memory"), "tensor", None) is None:
+        raise LoanLost("the memory lent for its answers was unmapped in the child before they were copied in")
     if _opened.get("key") != key:
         old = _opened.pop("memory", None)
         _opened.clear()

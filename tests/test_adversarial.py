@@ -157,6 +157,61 @@ def test_a_grandchild_does_not_outlive_its_parent(attacked):
     assert not late.exists()
 
 
+# --- the device crossing: memory the parent lends (`casebook.transport`), over shared host memory here ----------------
+
+CROSSING = {
+    # attack: words its error must hold (None: any failure will do)
+    "writes_after_send": None,  # its checksum, or its values, if the scribbles land before the judge's copy
+    "frees_its_loan": "unmapped in the child",  # the harness will not copy its answer in: refused, run goes on
+    "oversized": "output shape (32768, 32), expected (16384, 32)",
+}
+
+
+@pytest.fixture(scope="module")
+def attacked_on_device(tmp_path_factory):
+    """`run_case` on the crossing's attacks with `CASEBOOK_TRANSPORT=device`: each variant's answers cross in
+    memory the parent lends it (a file in shared memory here, the GPU's own memory on a GPU)."""
+    book = tmp_path_factory.mktemp("book")
+    (book / "cases").mkdir()
+    keep = ("honest", *CROSSING)
+    text = "\n".join(line for line in attacks_case().splitlines()
+                     if not line.startswith("    - {name: ") or any(f"{{name: {v}," in line for v in keep))
+    text = text.replace("levels:", "\n".join(f"    - {{name: {n}, note: \"{n}\", backends: [cpu]}}"
+                                             for n in CROSSING) + "\nlevels:", 1)
+    path = book / "cases" / "attacks.yaml"
+    path.write_text(text + "\n")
+    marks, spill = book / "marks", book / "shm"
+    marks.mkdir()
+    spill.mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CASEBOOK_KERNELS_PATH", str(ATTACKS_DIR))
+        mp.setenv("ATTACKS_MARKS", str(marks))
+        mp.setenv("CASEBOOK_TRANSPORT", "device")
+        mp.setenv("CASEBOOK_SPILL_DIR", str(spill))
+        mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(ATTACKS_DIR)])
+        result = run.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
+    return result, marks, spill
+
+
+@pytest.mark.parametrize("name", sorted(CROSSING))
+def test_an_attack_on_the_crossing_is_refused_and_the_run_goes_on(attacked_on_device, name):
+    result, marks, _ = attacked_on_device
+    assert (marks / name).exists(), f"{name} never cheated: the test proves nothing"
+    mine = [p for p in result.kernel_level + result.workload_level.points if p.variant == name]
+    refused = [p for p in mine if p.status in ("failed", "crashed")]
+    assert refused and all(p.median_us is None for p in refused), mine  # frees_its_loan: from its second point
+    assert all(p.status in ("ok", "failed", "crashed") for p in mine)
+    if CROSSING[name]:
+        assert CROSSING[name] in refused[0].error, refused[0].error
+
+
+def test_the_crossing_carries_honest_answers_and_leaves_nothing(attacked_on_device):
+    result, _, spill = attacked_on_device
+    assert point(result, "honest").status == "ok" and point(result, "honest").checked_calls == 5
+    assert "device protocol" in result.protocol.transport
+    assert list(spill.iterdir()) == [], "every lent memory and spilled file removed"
+
+
 def test_the_stored_document_is_judged_and_loadable(attacked, tmp_path):
     from casebook import results
 
