@@ -230,6 +230,7 @@ def ceilings(remeasure: bool = False) -> dict:
             return cached
     measure = measure_gpu if ident["kind"] == "gpu" else measure_cpu
     measured: dict = {}
+    t0 = time.perf_counter()
     for _ in range(CEILING_ATTEMPTS):
         window = Window()
         attempt = measure()
@@ -241,7 +242,8 @@ def ceilings(remeasure: bool = False) -> dict:
         measured.update(interference=reading, unstable=busy or None)
         if not measured["unstable"]:
             break
-    measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"])
+    measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"],
+                    measure_s=round(time.perf_counter() - t0, 2))
     if not measured["unstable"]:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=CACHE_DIR, prefix=f".{path.stem}.", suffix=".tmp")  # one a process:

@@ -714,6 +714,8 @@ class Ceilings(Record):
     version: int | None = Field(default=None, description="Version of the ceilings' cache format.")
     torch: str | None = Field(default=None, description="torch version they were measured with.")
     slug: str | None = Field(default=None, description="The hardware they were measured on.")
+    measure_s: float | None = Field(default=None, description="How long measuring them took, seconds (every attempt "
+                                                              "on a busy machine included).")
 
 
 class MeasuredLink(Record):

@@ -34,4 +34,7 @@ def main(remeasure: bool, json_out: bool = False) -> int:
     console.print(t)
     if sheet.get("source"):
         console.print(f"datasheet: {sheet['source']}", highlight=False)
+    if measured.get("measure_s") is not None:
+        console.print(f"measured in {measured['measure_s']:.1f} s (cached: `--remeasure` measures again)",
+                      highlight=False)
     return 0
