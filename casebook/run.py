@@ -278,11 +278,12 @@ def call_bytes(answers: dict, dtype: str) -> int:
     return total
 
 
-def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers,
+def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers | None = None,
             on_done: Callable[[int, dict], None] | None = None, loaded: set | None = None,
             reuse: dict | None = None) -> list[dict]:
     """Each task run in the variant's child (`measure.work`, which only executes), judged here (`casebook.judge`)
-    against the reference's answers (`answers`, from a child that never calls a variant). One payload per task,
+    against the reference's answers (`answers`, from a child that never calls a variant; one of its own where not
+    given). One payload per task,
     in order; `loaded` gathers the kernel modules the variant's child imported. `reuse`: payloads already
     measured, by `point_key` (a resumed run's), which are not measured again.
 
@@ -293,6 +294,10 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers,
     out: list[dict] = []
     if not tasks:
         return out
+    if answers is None:
+        with Worker(oracle_work, env, arena=transport.arena_for(tasks[0].device)[0]) as oracle:
+            return execute(tasks, timeout_s=timeout_s, env=env, on_done=on_done, loaded=loaded, reuse=reuse,
+                           answers=Answers(oracle, timeout_s, default_budget(tasks[0].device)))
     arena, _ = transport.arena_for(tasks[0].device)
     with Worker(measure_work, env, arena=arena) as variant:
         for i, task in enumerate(tasks):
