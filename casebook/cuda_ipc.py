@@ -28,6 +28,15 @@ class CudaError(RuntimeError):
 @cache
 def _driver():
     lib = ctypes.CDLL("libcuda.so.1")
+    u64, ptr = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
+    for name, args in (("cuInit", [ctypes.c_uint]), ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+                       ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
+                       ("cuCtxSetCurrent", [ctypes.c_void_p]), ("cuMemAlloc_v2", [ptr, ctypes.c_size_t]),
+                       ("cuMemFree_v2", [u64]), ("cuIpcGetMemHandle", [ctypes.POINTER(_Handle), u64]),
+                       ("cuIpcOpenMemHandle_v2", [ptr, _Handle, ctypes.c_uint]), ("cuIpcCloseMemHandle", [u64]),
+                       ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int
     _check(lib, lib.cuInit(0), "cuInit")
     return lib
 
@@ -46,7 +55,7 @@ def _current_context(lib) -> None:
     torch.cuda.init()
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     _check(lib, lib.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()), "cuDeviceGet")
-    _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value), "cuDevicePrimaryCtxRetain")
     _check(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
@@ -72,7 +81,7 @@ class Block:
         lib = _driver()
         _current_context(lib)
         ptr = ctypes.c_uint64()
-        _check(lib, lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1))), "cuMemAlloc")
+        _check(lib, lib.cuMemAlloc_v2(ctypes.byref(ptr), max(nbytes, 1)), "cuMemAlloc")
         return cls(ptr.value, nbytes, owned=True)
 
     @classmethod
@@ -84,14 +93,14 @@ class Block:
             raise CudaError("an IPC handle is 64 bytes")
         handle, ptr = _Handle(), ctypes.c_uint64()
         ctypes.memmove(handle.reserved, raw, 64)
-        _check(lib, lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle,
-                                              ctypes.c_uint(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)), "cuIpcOpenMemHandle")
+        _check(lib, lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+               "cuIpcOpenMemHandle")
         return cls(ptr.value, nbytes, owned=False)
 
     def handle_hex(self) -> str:
         lib = _driver()
         handle = _Handle()
-        _check(lib, lib.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(self.ptr)), "cuIpcGetMemHandle")
+        _check(lib, lib.cuIpcGetMemHandle(ctypes.byref(handle), self.ptr), "cuIpcGetMemHandle")
         return bytes(handle.reserved).hex()
 
     def close(self) -> None:
@@ -103,9 +112,9 @@ class Block:
         torch.cuda.synchronize()
         lib = _driver()
         if self.owned:
-            _check(lib, lib.cuMemFree_v2(ctypes.c_uint64(self.ptr)), "cuMemFree")
+            _check(lib, lib.cuMemFree_v2(self.ptr), "cuMemFree")
         else:
-            _check(lib, lib.cuIpcCloseMemHandle(ctypes.c_uint64(self.ptr)), "cuIpcCloseMemHandle")
+            _check(lib, lib.cuIpcCloseMemHandle(self.ptr), "cuIpcCloseMemHandle")
         self.ptr, self.tensor = None, None
 
 

@@ -243,7 +243,9 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
         g["wall_s"] = time.perf_counter() - t0
         g["timed_s"] = sum(p.get("harness", {}).get("timed_s") or 0.0 for _, p in mine)
         progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
-                             "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept"))})
+                             "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept")),
+                             "crossing": sorted({p["harness"]["crossing"] for _, p in mine
+                                                 if p.get("harness", {}).get("crossing")})})
 
     run["intensity"] = intensity_check(case, run["answers"].oracle.request(traffic_task(case), timeout_s))
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
@@ -326,8 +328,12 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     fixed = answers.get(task, fixed_seeds(task)) if task.devices == 1 else {"status": "ok", "expected": {}}
     oracle_s = answers.last_s
     room = kept_calls(task.timed) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
+    taken = variant.arena.taken if variant.arena is not None else 0
     raw = variant.request(task, timeout_s, room=room)
     transport_s = variant.receive_s
+    crossing = "device" if variant.arena is not None and variant.arena.taken > taken else "host"
+    if crossing == "host" and room and variant.crossing_error:
+        crossing = f"host: the child could not map the memory lent to it ({variant.crossing_error})"
     if loaded is not None and isinstance(raw.get("loaded"), list):
         loaded.update(m for m in raw["loaded"] if isinstance(m, str))
     reference = None
@@ -346,7 +352,7 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     ranks = raw.get("rank_times_us") if isinstance(raw.get("rank_times_us"), list) else []
     timed_s = max([_timed_s(raw.get("times_us"))] + [_timed_s(r) for r in ranks])  # ranks time side by side
     payload["harness"] = {"wall_s": t2 - t0, "timed_s": timed_s, "oracle_s": oracle_s, "transport_s": transport_s,
-                          "judge_s": t2 - t1}
+                          "judge_s": t2 - t1, "crossing": crossing}
     return payload
 
 

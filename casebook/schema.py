@@ -532,6 +532,9 @@ class HarnessCost(Record):
                                                                 "arrive, seconds: the crossing of its outputs.")
     judge_s: float | None = Field(default=None, description="Comparing the outputs with the answers, summarising "
                                                             "and placing the point, seconds.")
+    crossing: str | None = Field(default=None, description="How its outputs reached the judge: `device` (memory "
+                                                           "lent on the GPU) or `host`, with why where the device "
+                                                           "crossing was meant and failed.")
     kept: bool | None = Field(default=None, description="True where a resumed run kept the point from the run it "
                                                         "resumed (these costs are that run's).")
 

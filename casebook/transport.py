@@ -540,6 +540,8 @@ class Arena:
         self.memory_type, self.memory, self.retired = memory, None, []
         self.loan: tuple[str, int] | None = None
         self.borrower = None
+        self.taken = 0
+        """Tensors copied out of the arena so far (a request whose tensors all crossed the host adds none)."""
 
     @property
     def device(self) -> str:
@@ -576,6 +578,7 @@ class Arena:
 
     def take(self, offset: int, size: int):
         """A copy, in the parent's own memory on the arena's device, of `size` bytes at `offset`."""
+        self.taken += 1
         return self.memory.tensor[offset:offset + size].clone()
 
     def settle(self) -> None:

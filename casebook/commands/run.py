@@ -193,8 +193,9 @@ def harness_line(info: dict) -> str:
     """A variant's cost in the run: its points, its wall time and the share of it its timed calls took."""
     wall, timed, n = info["wall_s"], info["timed_s"], info["points"]
     kept = f", {info['kept']} kept from the run resumed" if info.get("kept") else ""
+    crossed = f"; outputs crossed: {'; '.join(info['crossing'])}" if info.get("crossing") else ""
     return (f"  {info['name']}: {n} tasks in {wall:.1f} s, {timed:.2f} s of it timed calls; harness "
-            f"{wall - timed:.1f} s ({(wall - timed) / max(n, 1):.2f} s a task){kept}")
+            f"{wall - timed:.1f} s ({(wall - timed) / max(n, 1):.2f} s a task){kept}{crossed}")
 
 
 def keep(result: Result) -> Path:
