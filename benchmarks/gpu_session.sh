@@ -298,26 +298,27 @@ case "${1:-}" in
          # main job timed (ceilings included), each point's harness cost, against the committed result; the
          # job stopped by SIGTERM at 60 s and resumed; the quick ceilings against the thorough ones, as time
          # allows. Predicted: the ladder (6 rungs, 186 points) in 100-150 s with the ceilings
+    end=${DEADLINE:-560}
     timeout 90 python3 benchmarks/explore/method/crossing_probe.py > "$out/logs/probe.txt" 2>&1
     echo "probe: exit $?"; cat "$out/logs/probe.txt"
     start=$SECONDS
-    timeout $((SECONDS + 300 < 560 ? 300 : 560 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml \
+    timeout $((SECONDS + 300 < end ? 300 : end - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml \
       > "$out/logs/softmax_run.txt" 2> "$out/logs/softmax_run.err"
     echo "softmax run: exit $? in $((SECONDS - start)) s"; grep -A1 -E "tasks in|crossing" "$out/logs/softmax_run.err"
     kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
     python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead.txt" 2>&1; tail -1 "$out/logs/overhead.txt"
     python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare.txt" 2>&1
     tail -3 "$out/logs/compare.txt"
-    if [ $SECONDS -lt 400 ]; then
+    if [ $SECONDS -lt $((end - 160)) ]; then
       timeout -s TERM 60 python3 -m casebook.cli run cases/softmax_fusion.yaml > "$out/logs/cut.txt" 2> "$out/logs/cut.err"
       echo "cut: exit $?"; tail -3 "$out/logs/cut.err"
       start=$SECONDS
-      timeout $((560 - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --resume \
+      timeout $((end - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --resume \
         > "$out/logs/resumed.txt" 2> "$out/logs/resumed.err"
       echo "resumed: exit $? in $((SECONDS - start)) s"; grep -A1 -E "resum|tasks in" "$out/logs/resumed.err"
     fi
-    if [ $SECONDS -lt 500 ]; then
-      timeout $((585 - SECONDS)) python3 benchmarks/explore/method/ceilings_rested.py > "$out/logs/ceilings.txt" 2>&1
+    if [ $SECONDS -lt $((end - 60)) ]; then
+      timeout $((end + 25 - SECONDS)) python3 benchmarks/explore/method/ceilings_rested.py > "$out/logs/ceilings.txt" 2>&1
       echo "ceilings: exit $?"; cat "$out/logs/ceilings.txt"
     fi ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;

@@ -25,6 +25,18 @@ class CudaError(RuntimeError):
     pass
 
 
+def handle_to_hex(handle: _Handle) -> str:
+    """All 64 bytes of a handle (its `reserved` field read as a value would stop at the first zero byte)."""
+    return bytes(handle).hex()
+
+
+def handle_from_hex(text: str) -> _Handle:
+    raw = bytes.fromhex(text)
+    if len(raw) != ctypes.sizeof(_Handle):
+        raise CudaError(f"an IPC handle is {ctypes.sizeof(_Handle)} bytes, not {len(raw)}")
+    return _Handle.from_buffer_copy(raw)
+
+
 @cache
 def _driver():
     lib = ctypes.CDLL("libcuda.so.1")
@@ -88,11 +100,7 @@ class Block:
     def open(cls, handle_hex: str, nbytes: int) -> "Block":
         lib = _driver()
         _current_context(lib)
-        raw = bytes.fromhex(handle_hex)
-        if len(raw) != 64:
-            raise CudaError("an IPC handle is 64 bytes")
-        handle, ptr = _Handle(), ctypes.c_uint64()
-        ctypes.memmove(handle.reserved, raw, 64)
+        handle, ptr = handle_from_hex(handle_hex), ctypes.c_uint64()
         _check(lib, lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                "cuIpcOpenMemHandle")
         return cls(ptr.value, nbytes, owned=False)
@@ -101,7 +109,7 @@ class Block:
         lib = _driver()
         handle = _Handle()
         _check(lib, lib.cuIpcGetMemHandle(ctypes.byref(handle), self.ptr), "cuIpcGetMemHandle")
-        return bytes(handle.reserved).hex()
+        return handle_to_hex(handle)
 
     def close(self) -> None:
         """Free the block (its owner) or unmap it (a process that opened it); every view of it is void after."""

@@ -157,6 +157,9 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     with Worker(oracle_work, oracle_env, arena=arena) as oracle:  # one oracle: it runs no variant
         run["answers"] = Answers(oracle, timeout_s, default_budget(device))
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
+    if parts:  # the points the resumed session kept: those of its plan, not every one the kept run held
+        parts[-1]["points"] = sum(1 for pairs in outcomes.values() for _, p in pairs
+                                  if isinstance(p.get("harness"), dict) and p["harness"].get("kept"))
     run["sources"] = _sources(Path(path), case, run["sources"], run["loaded"])
     doc = assemble(run, protocol, groups, outcomes, complete=True)
     result = Result.model_validate(doc)
@@ -241,7 +244,8 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
         execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
                 answers=run["answers"], reuse=run["reuse"])
         g["wall_s"] = time.perf_counter() - t0
-        g["timed_s"] = sum(p.get("harness", {}).get("timed_s") or 0.0 for _, p in mine)
+        g["timed_s"] = sum(p["harness"].get("timed_s") or 0.0 for _, p in mine  # this session's, as wall_s
+                           if isinstance(p.get("harness"), dict) and not p["harness"].get("kept"))
         progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
                              "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept")),
                              "crossing": sorted({p["harness"]["crossing"] for _, p in mine

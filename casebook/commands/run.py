@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -49,11 +50,11 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                     results_dir=results_dir, timeout=timeout, save=save, force=force, argv=argv, loaded=loaded[0],
                     resume=resume, kept=kept)
     except Terminated:
-        console.print(f"casebook run: terminated (SIGTERM); every child process ended; {_what_was_kept(kept, case)}",
-                      highlight=False)
+        console.print(f"casebook run: terminated (SIGTERM); every child process ended; "
+                      f"{_what_was_kept(kept, case, argv)}", highlight=False)
         return 143
     except KeyboardInterrupt:
-        console.print(f"casebook run: interrupted; every child process ended; {_what_was_kept(kept, case)}",
+        console.print(f"casebook run: interrupted; every child process ended; {_what_was_kept(kept, case, argv)}",
                       highlight=False)
         return 130
     except OSError as e:  # a full disk, a folder that cannot be written: one line, never a traceback
@@ -63,12 +64,14 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
         signal.signal(signal.SIGTERM, previous)
 
 
-def _what_was_kept(kept: list[Path], case: Path) -> str:
-    """Where a run cut short left what it measured, and how to go on from it."""
+def _what_was_kept(kept: list[Path], case: Path, argv: list[str] | None = None) -> str:
+    """Where a run cut short left what it measured, and the command that goes on from it (the run's own flags
+    kept: a resumed run keeps points timed under the same protocol only)."""
     if not kept:
         return "nothing was measured yet, nothing stored"
-    return (f"what it measured is kept in {kept[-1]} (nothing stored in results/); "
-            f"`casebook run {case} --resume` goes on from it")
+    again = shlex.join([*argv, "--resume"] if argv and "--resume" not in argv else argv) if argv else \
+        f"casebook run {case} --resume"
+    return f"what it measured is kept in {kept[-1]} (nothing stored in results/); `{again}` goes on from it"
 
 
 class Terminated(BaseException):
