@@ -21,9 +21,10 @@ from casebook.isolate import Worker
 from casebook.measure import Task
 from casebook.oracle import OracleTask
 
-BUDGET_FRACTION = 0.1
+BUDGET_FRACTION = 0.05
 """Of the judging device's memory (a GPU's, else the host's), what kept answers may hold: the variant's child,
-the reference's child and the memory lent to them need the rest."""
+the reference's child, the memory lent to them and the judge's own copies need the rest (at 4096 x 262144 a
+point's five bf16 outputs are 10 GiB, lent and then copied, and its three float32 answers 12 GiB)."""
 
 
 def default_budget(device: str) -> int:

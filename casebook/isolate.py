@@ -114,6 +114,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
                 frames = split({"done": {"status": "crashed", "error": f"unsendable answer: {type(e).__name__}: {e}"}})
             break
         send_frames(conn, *frames)
+        del payload, frames  # the answer's tensors let go before the child waits for the next request
 
 
 # --- the parent's side ---------------------------------------------------------------------------------
@@ -178,6 +179,9 @@ class Worker:
             return {"status": "crashed", "error": f"child process died (exit code {self.proc.exitcode})"}
         except BadMessage as e:
             return {"status": "crashed", "error": f"child process sent a malformed answer ({e})"}
+        except Exception as e:  # the parent could not take the answer (out of device memory, say): that task's
+            return {"status": "crashed", "error": f"the answer could not be received ({type(e).__name__}: "
+                                                  f"{str(e)[:300]})"}  # failure; the child is replaced
 
     def _lend(self, room: int, grow: bool) -> dict | None:
         if self.arena is None or room <= 0:

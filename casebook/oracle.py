@@ -59,6 +59,8 @@ def work(task: OracleTask) -> dict:
             out["expected"][str(seed)] = {"tuple": isinstance(expected, tuple),
                                           "outputs": [shipped(e.detach(), task.dtype, task.device) for e in items]}
             del inputs, expected, items
+        if task.device == "cuda":  # the float64 work's memory back to the device: the variant's child needs it
+            torch.cuda.empty_cache()
     if task.traffic:
         traffic = getattr(mod, task.traffic)(task.shape, dtype)
         out["traffic"] = traffic.as_dict()

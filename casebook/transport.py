@@ -201,6 +201,8 @@ class Outbox:
     def put(self, t) -> int:
         """Copy `t` in; its offset. NoRoom where what is left of the loan cannot hold it."""
         n = t.numel() * t.element_size()
+        if not n:  # nothing to copy: it needs no room
+            return self.used
         at = aligned(self.used)
         if at + n > self.room:
             raise NoRoom(f"{n} bytes, more than the {max(0, self.room - at)} left of the {self.room} the task "
@@ -226,6 +228,7 @@ def open_loan(grant: dict | None) -> Outbox | None:
         return None
     key = (grant["kind"], grant["name"], grant["bytes"])
     if _opened.get("key") == key and getattr(_opened.get("memory"), "tensor", None) is None:
+        _opened.clear()  # this answer is refused; the next request maps its loan afresh
         raise LoanLost("the memory lent for its answers was unmapped in the child before they were copied in")
     if _opened.get("key") != key:
         old = _opened.pop("memory", None)
@@ -550,15 +553,17 @@ class Arena:
     def lend(self, room: int, *, grow: bool = False, borrower: Any = None) -> dict:
         """A loan of `room` bytes to `borrower`: the grant the child opens. A growable loan (`grow`) is of all the
         arena holds, and the child may ask for more."""
-        if grow and self.memory is not None:
-            room = max(room, self.memory.nbytes)
         if self.memory is None or self.memory.nbytes < room:
             if self.memory is not None:
                 self.retired.append(self.memory)  # the child may still map it: freed once it has moved on
-            self.memory, self.borrower = self.memory_type(max(aligned(room), ALIGN)), None
-        if borrower != self.borrower:
+            self.memory = self.memory_type(max(aligned(room), ALIGN))
+            self.memory.zero()  # fresh memory holds whatever its last owner left
+            self.borrower = borrower
+        elif borrower != self.borrower:
             self.memory.zero()  # nothing an earlier borrower left is readable by this one
             self.borrower = borrower
+        if grow:
+            room = self.memory.nbytes
         self.loan = (secrets.token_hex(8), room)
         return {"id": self.loan[0], **self.memory.grant(), "room": room, "grow": grow}
 
