@@ -1,9 +1,10 @@
 """What measuring cost, beside what was measured: per point, the wall time of its measurement against the time of
-its timed calls, the wait for the reference's answers, the crossing of its outputs and the judging.
+its timed calls, its first call (the variant's own compilation or autotuning, never timed), the wait for the
+reference's answers, the crossing of its outputs and the judging.
 
 Reads kept or stored results (`casebook run` records each point's `harness`); prints a row per point (with
---points) and a summary line per result: points, the harness's overhead per point (wall less timed: median and
-worst), the total wall and timed time, and each variant's share.
+--points) and a summary line per result: points, the harness's overhead per point (wall less timed less the
+first call: median and worst), the first calls' total, the total wall and timed time, each variant's share.
 
     python3 benchmarks/harness_overhead.py RESULT.json [RESULT.json ...] [--points]
     python3 benchmarks/harness_overhead.py ~/.cache/casebook/runs/nvidia-h200/softmax_fusion/*.json
@@ -21,15 +22,17 @@ from casebook.schema import shape_label
 
 
 def rows(result) -> list[tuple]:
-    """(level, variant, shape, dtype, wall, timed, oracle, transport, judge) of each point measured in this run."""
+    """(level, variant, shape, dtype, wall, timed, first call, oracle, transport, judge, overhead) of each point
+    measured in this run; the overhead is the wall time less the timed calls and the first call."""
     out = []
     for level, points in (("kernel", result.kernel_level), ("workload", result.workload_level.points)):
         for p in points:
             h = p.harness
             if h is None or h.wall_s is None or h.kept:
                 continue
-            out.append((level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, h.timed_s or 0.0,
-                        h.oracle_s or 0.0, h.transport_s or 0.0, h.judge_s or 0.0))
+            timed, first = h.timed_s or 0.0, p.first_call_s or 0.0
+            out.append((level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, timed, first, h.oracle_s or 0.0,
+                        h.transport_s or 0.0, h.judge_s or 0.0, h.wall_s - timed - first))
     return out
 
 
@@ -46,20 +49,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.points:
             print(f"{'level':8s} {'variant':16s} {'shape':16s} {'dtype':5s} {'wall s':>7s} {'timed s':>8s} "
-                  f"{'oracle s':>8s} {'cross s':>8s} {'judge s':>8s} {'overhead s':>10s}")
-            for level, variant, shape, dtype, wall, timed, oracle, cross, judge in found:
-                print(f"{level:8s} {variant:16s} {shape:16s} {dtype:5s} {wall:7.3f} {timed:8.3f} {oracle:8.3f} "
-                      f"{cross:8.3f} {judge:8.3f} {wall - timed:10.3f}")
-        overhead = [r[4] - r[5] for r in found]
-        wall, timed = sum(r[4] for r in found), sum(r[5] for r in found)
-        worst = max(found, key=lambda r: r[4] - r[5])
+                  f"{'first s':>8s} {'oracle s':>8s} {'cross s':>8s} {'judge s':>8s} {'overhead s':>10s}")
+            for level, variant, shape, dtype, *seconds in found:
+                print(f"{level:8s} {variant:16s} {shape:16s} {dtype:5s} " + " ".join(
+                    f"{x:{w}.3f}" for x, w in zip(seconds, (7, 8, 8, 8, 8, 8, 10))))
+        overhead = [r[10] for r in found]
+        wall, timed, first = (sum(r[i] for r in found) for i in (4, 5, 6))
+        worst = max(found, key=lambda r: r[10])
         variants = ", ".join(f"{v.name} {v.wall_s:.1f} s ({v.timed_s:.2f} timed)" for v in result.variants
                              if v.wall_s is not None)
         print(f"{result.case_id} on {result.hardware.slug} ({result.protocol.transport or 'crossing not recorded'}): "
-              f"{len(found)} points; overhead a point median {statistics.median(overhead):.3f} s, worst "
-              f"{max(overhead):.3f} s ({worst[1]} {worst[2]} {worst[3]}: oracle {worst[6]:.3f}, crossing "
-              f"{worst[7]:.3f}, judge {worst[8]:.3f}); points {wall:.1f} s, {timed:.1f} s of it timed; run "
-              f"{result.started_at} -> {result.finished_at}; variants: {variants}")
+              f"{len(found)} points; harness overhead a point (less timed calls and first call) median "
+              f"{statistics.median(overhead):.3f} s, worst {max(overhead):.3f} s ({worst[1]} {worst[2]} {worst[3]}: "
+              f"oracle {worst[7]:.3f}, crossing {worst[8]:.3f}, judge {worst[9]:.3f}); points {wall:.1f} s, "
+              f"{timed:.1f} s of it timed, {first:.1f} s first calls; run {result.started_at} -> "
+              f"{result.finished_at}; variants: {variants}")
     return 0
 
 

@@ -139,6 +139,10 @@ class Worker:
         """Seconds the last request's answer took to read once it began to arrive (header, frames, files, copies
         out of the arena): what the crossing cost."""
 
+    def start(self) -> dict | None:
+        """Start the child now rather than at the first request (None, or why it did not start)."""
+        return self._start() if self.proc is None else None
+
     def _start(self) -> dict | None:
         self.token = secrets.token_hex(16)
         parent, child = _ctx.Pipe(duplex=True)

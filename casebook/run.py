@@ -10,6 +10,7 @@ import math
 import os
 import re
 import shlex
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -226,31 +227,75 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
     each point, the result as it stands goes to `checkpoint`."""
     case = run["case"]
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
-    for name, g in groups.items():
-        tasks, mine = g["tasks"], []
-        outcomes[name] = mine
-        child_env = variant_env(interpreted=g["device"] == "cpu" and not g["timed"], devices=case.kernel.devices)
+    order = [n for n, g in groups.items() if g["tasks"]]
+    ahead: _Ahead | None = None
+    try:
+        for name, g in groups.items():
+            tasks, mine = g["tasks"], []
+            outcomes[name] = mine
 
-        def done(i, payload, tasks=tasks, mine=mine):
-            mine.append((tasks[i], payload))
-            progress("task", {"task": tasks[i], "payload": payload})
-            if checkpoint is not None:
-                checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes}, outcomes,
-                                                          complete=False)))
+            def done(i, payload, tasks=tasks, mine=mine):
+                mine.append((tasks[i], payload))
+                progress("task", {"task": tasks[i], "payload": payload})
+                if checkpoint is not None:
+                    checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes},
+                                                              outcomes, complete=False)))
 
-        if not tasks:  # a variant with no backend here
-            continue
-        t0 = time.perf_counter()
-        execute(tasks, timeout_s=timeout_s, env=child_env, on_done=done, loaded=run["loaded"],
-                answers=run["answers"], reuse=run["reuse"])
-        g["wall_s"] = time.perf_counter() - t0
-        g["timed_s"] = sum(p["harness"].get("timed_s") or 0.0 for _, p in mine  # this session's, as wall_s
-                           if isinstance(p.get("harness"), dict) and not p["harness"].get("kept"))
-        progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
-                             "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept")),
-                             "crossing": sorted({p["harness"]["crossing"] for _, p in mine
-                                                 if p.get("harness", {}).get("crossing")})})
+            if not tasks:  # a variant with no backend here
+                continue
+            t0 = time.perf_counter()
+            worker = ahead.take() if ahead is not None else _variant_worker(g, case)
+            following = order[order.index(name) + 1:]
+            ahead = _Ahead(_variant_worker(groups[following[0]], case)) if run["on_gpu"] and following else None
+            execute(tasks, timeout_s=timeout_s, env=_child_env(g, case), on_done=done, loaded=run["loaded"],
+                    answers=run["answers"], reuse=run["reuse"], worker=worker)
+            _variant_done(g, mine, name, t0, progress)
+    finally:
+        if ahead is not None:  # cut short: the child started for the next variant ends too
+            ahead.take().release()
+    return _claims_stage(run, outcomes, protocol, timeout_s, progress)
 
+
+def _variant_done(g: dict, mine: list, name: str, t0: float, progress: Progress) -> None:
+    """A variant's cost, recorded in its group and reported: its wall time, and of it, this session's timed calls."""
+    g["wall_s"] = time.perf_counter() - t0
+    g["timed_s"] = sum(p["harness"].get("timed_s") or 0.0 for _, p in mine
+                       if isinstance(p.get("harness"), dict) and not p["harness"].get("kept"))
+    progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
+                         "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept")),
+                         "crossing": sorted({p["harness"]["crossing"] for _, p in mine
+                                             if p.get("harness", {}).get("crossing")})})
+
+
+def _child_env(g: dict, case: Case) -> dict:
+    return variant_env(interpreted=g["device"] == "cpu" and not g["timed"], devices=case.kernel.devices)
+
+
+def _variant_worker(g: dict, case: Case) -> Worker:
+    """The child a variant's tasks run in, not yet started: Triton's interpreter where it is only checked, and the
+    memory its outputs cross in where its device has some to lend."""
+    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g["device"])[0])
+
+
+class _Ahead:
+    """A variant's child, started in a thread while the variant before it is measured. On a GPU its start (a new
+    interpreter importing torch, Triton and casebook: seconds of host work, nothing on the device until its first
+    task) overlaps the GPU's work; a CPU run starts each child in turn, where the start would take a core from the
+    timing."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.start, daemon=True)
+        self.thread.start()
+
+    def take(self) -> Worker:
+        self.thread.join()
+        return self.worker
+
+
+def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: float, progress: Progress) -> dict:
+    """The traffic model's intensity and the paired timings of the speedup claims, into `run`; the outcomes."""
+    case = run["case"]
     run["intensity"] = intensity_check(case, run["answers"].oracle.request(traffic_task(case), timeout_s))
     pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
     if pairs:
@@ -286,7 +331,7 @@ def call_bytes(answers: dict, dtype: str) -> int:
 
 def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers | None = None,
             on_done: Callable[[int, dict], None] | None = None, loaded: set | None = None,
-            reuse: dict | None = None) -> list[dict]:
+            reuse: dict | None = None, worker: Worker | None = None) -> list[dict]:
     """Each task run in the variant's child (`measure.work`, which only executes), judged here (`casebook.judge`)
     against the reference's answers (`answers`, from a child that never calls a variant; one of its own where not
     given). One payload per task,
@@ -296,7 +341,8 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
     A point's reference is asked for first: its outputs' shapes set the room the variant's child is lent for
     the outputs of its kept calls (`measure.kept_calls`); on a GPU they cross in device memory
     (`casebook.transport`). Each point records what its measurement cost (`harness`): wall time, the time of its
-    timed calls, the wait for the reference, the crossing and the judging."""
+    timed calls, the wait for the reference, the crossing and the judging. `worker`: the variant's child, where
+    the caller has made (or started) it; released at the end either way."""
     out: list[dict] = []
     if not tasks:
         return out
@@ -304,8 +350,9 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
         with Worker(oracle_work, env, arena=transport.arena_for(tasks[0].device)[0]) as oracle:
             return execute(tasks, timeout_s=timeout_s, env=env, on_done=on_done, loaded=loaded, reuse=reuse,
                            answers=Answers(oracle, timeout_s, default_budget(tasks[0].device)))
-    arena, _ = transport.arena_for(tasks[0].device)
-    with Worker(measure_work, env, arena=arena) as variant:
+    if worker is None:
+        worker = Worker(measure_work, env, arena=transport.arena_for(tasks[0].device)[0])
+    with worker as variant:
         for i, task in enumerate(tasks):
             t0 = time.perf_counter()
             key = point_key(task.level, task.variant, task.shape, task.dtype)

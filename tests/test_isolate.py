@@ -278,3 +278,15 @@ def test_the_childs_stdout_is_its_stderr(capfd):
 def prints(task: str) -> dict:
     print("from the child", flush=True)
     return {"status": "ok"}
+
+
+def test_a_child_started_ahead_answers_its_first_request():
+    """`Worker.start`: the child is up before the first request (a GPU run starts the next variant's this way,
+    while the one before it is measured), and that request is answered by it."""
+    from casebook.isolate import Worker
+
+    with Worker(worker) as w:
+        assert w.start() is None and w.proc.is_alive()
+        pid = w.proc.pid
+        assert w.request("a", timeout_s=30)["pid"] == pid
+        assert w.start() is None and w.proc.pid == pid, "started once"

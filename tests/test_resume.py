@@ -211,7 +211,7 @@ class StubExecute:
         self.reuse: list[dict | None] = []
         self.timed_s = timed_s
 
-    def __call__(self, tasks, *, timeout_s, env, answers=None, on_done=None, loaded=None, reuse=None):
+    def __call__(self, tasks, *, timeout_s, env, answers=None, on_done=None, loaded=None, reuse=None, worker=None):
         self.tasks += tasks
         self.reuse.append(reuse)
         out = []

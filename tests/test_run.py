@@ -521,3 +521,18 @@ def test_the_report_of_a_model_without_flops_states_the_declared_intensity(capsy
 
     command._intensity(IntensityCheck(shape={"n": 1024}, dtype="bf16", modelled=0.0, declared=0.0, tolerance=0.1))
     assert "gives 0 FLOP/byte, the case declares 0" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_variant_child_started_ahead_is_handed_over_started():
+    """`run._Ahead`: the next variant's child starts in a thread; `take` hands it over started, and a run cut
+    short releases it (its process ends)."""
+    from casebook import run as run_mod
+    from casebook.isolate import Worker
+
+    ahead = run_mod._Ahead(Worker(run_mod.measure_work, {}))
+    worker = ahead.take()
+    assert worker.proc is not None and worker.proc.is_alive()
+    proc = worker.proc
+    worker.release()
+    assert not proc.is_alive()
