@@ -14,6 +14,14 @@ within 1% of the thorough one, in about a quarter of its time.
 The script measures the quick way (the default), the thorough way (every shape for every dtype, 2 s rests,
 1 s a ceiling), and the quick way again, and prints each ceiling's ratio to the thorough one.
 
+Measured on an H200 (after a 3-minute softmax run on the same machine): quick 12.2 s (the first, CUDA's start
+in it), thorough 36.0 s, quick again 7.2 s; inside a fresh `casebook run` the ceilings took 7.6-7.8 s. Against
+the thorough measurement the two quick ones read: copy 1.002 / 1.000, bf16 0.997 / 0.995, fp16 1.009 / 1.008,
+fp32 1.001 / 0.999, fp8 1.017 / 0.995, tf32 1.032 / 1.032 (the thorough one read 401 TFLOP/s where earlier
+runs read 413-419: it was the low one). The prediction held for the rates. The launch ceiling did not: 10.5 and
+9.2 us quick against 6.7 us thorough, the fastest of 200 back-to-back launches being a host's pace, which
+scatters; the launch is timed for 1 s again (1.5 s more), not yet measured since.
+
     python3 benchmarks/explore/method/ceilings_rested.py          (GPU)
 """
 
