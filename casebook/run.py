@@ -268,6 +268,7 @@ def _variant_done(g: dict, mine: list, name: str, t0: float, progress: Progress)
 
 
 def _child_env(g: dict, case: Case) -> dict:
+    """A variant's child's environment (`variant_env`)."""
     return variant_env(interpreted=g["device"] == "cpu" and not g["timed"], devices=case.kernel.devices)
 
 
@@ -334,9 +335,8 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
             reuse: dict | None = None, worker: Worker | None = None) -> list[dict]:
     """Each task run in the variant's child (`measure.work`, which only executes), judged here (`casebook.judge`)
     against the reference's answers (`answers`, from a child that never calls a variant; one of its own where not
-    given). One payload per task,
-    in order; `loaded` gathers the kernel modules the variant's child imported. `reuse`: payloads already
-    measured, by `point_key` (a resumed run's), which are not measured again.
+    given). One payload per task, in order; `loaded` gathers the kernel modules the variant's child imported.
+    `reuse`: payloads already measured, by `point_key` (a resumed run's), which are not measured again.
 
     A point's reference is asked for first: its outputs' shapes set the room the variant's child is lent for
     the outputs of its kept calls (`measure.kept_calls`); on a GPU they cross in device memory
@@ -362,12 +362,11 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
                 payload = judge.pair(variant.request(task, timeout_s))
             elif task.kind == "end_to_end":
                 raw = variant.request(task, timeout_s)
-                payload = {**judge.end_to_end(raw, task.dtype),
-                           "harness": {"timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
+                payload = {**judge.end_to_end(raw, task.dtype), "harness": {
+                    "wall_s": time.perf_counter() - t0,
+                    "timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
             else:
                 payload = _point(task, variant, answers, timeout_s, loaded, t0)
-            if task.kind == "end_to_end" and not payload.get("harness", {}).get("wall_s"):
-                payload["harness"]["wall_s"] = time.perf_counter() - t0
             out.append(payload)
             if on_done is not None:
                 on_done(i, payload)
