@@ -223,6 +223,9 @@ class Worker:
         self.close()
         if isinstance(answer, dict) and answer.get("status") in ("timeout", "crashed"):
             return {"status": answer["status"], "error": answer["error"]}
+        if grow and isinstance(wanted, int):
+            return {"status": "crashed", "error": f"its answer needs {wanted} bytes of lent memory, more than the "
+                                                  f"{MAX_ROOM} a loan grows to"}
         return {"status": "crashed", "error": "child process sent an answer out of turn"}
 
     def close(self) -> None:
