@@ -136,6 +136,16 @@ def test_transfer_link_to_a_case_beside_it(make_case, line_of):
     assert problems(typo)[0].endswith("no case 'layernorm_fuson' in the book; did you mean 'layernorm_fusion'?")
 
 
+def test_a_case_that_does_not_load_still_links_to_the_cases_beside_it(make_case):
+    """Validating one file with a schema error: its real error, and no "no case ... in the book" for links to
+    cases that exist beside it (the book around a file is there whether the file loads or not)."""
+    make_case(name="layernorm_fusion")
+    path = make_case({"  - operator: layernorm\n": "  - operator: layernorm\n    case: layernorm_fusion\n",
+                      "\ntitle: ": "\ntitle: 5\nsubtitle: "})
+    found = problems(path)
+    assert found and not [p for p in found if "in the book" in p], found
+
+
 def test_ids_are_unique_across_folders(tmp_path, softmax_text, line_of):
     first, second = tmp_path / "a" / "softmax_fusion.yaml", tmp_path / "b" / "softmax_fusion.yaml"
     for p in (first, second):
@@ -323,8 +333,10 @@ def test_strict_rejects_a_case_without_claims(make_case, softmax_text, line_of, 
     assert [e for e in validate([path]).errors if e.field == "claims"] == []  # plain validate: a valid case
 
 
-def test_check_reports_one_hardware_name_with_two_machines_ceilings(make_case):
-    """Two results under one name, copy ceilings 45.9 and 19.3 GB/s: two machines; check says so."""
+def test_check_warns_of_one_hardware_name_with_two_machines_ceilings(make_case, cli):
+    """Two results under one name, copy ceilings 45.9 and 19.3 GB/s: two hosts of one model (a contributor's and
+    the book's); check warns on both results and does not refuse either case: neither author can act on it, and
+    the site shows them as two machines."""
     paths = [make_case(), make_case(name="other_case")]
     for path, copy_gbps in zip(paths, (45.9, 19.3)):
         result = store_result(path)
@@ -334,16 +346,18 @@ def test_check_reports_one_hardware_name_with_two_machines_ceilings(make_case):
         (result.parent.parent / "cpu-one-name-2c-24g").mkdir(exist_ok=True)
         (result.parent.parent / "cpu-one-name-2c-24g" / result.name).write_text(json.dumps(doc))
         result.unlink()
-    errors = [str(e) for e in validate(paths, strict=True).errors if "share the hardware name" in str(e)]
-    assert errors == [
-        f"{paths[0]}:1: results: results/cpu-one-name-2c-24g/softmax_fusion.json and "
+    report = validate(paths, strict=True)
+    assert not [e for e in report.errors if "share the hardware name" in str(e)]
+    assert [str(e) for e in report.warnings if "share the hardware name" in str(e)] == [
+        f"{paths[0]}:1: results: warning: results/cpu-one-name-2c-24g/softmax_fusion.json and "
         "results/cpu-one-name-2c-24g/other_case.json share the hardware name 'cpu-one-name-2c-24g' but their measured "
-        "ceilings differ by more than 20% (copy 45.9 vs 19.3 GB/s): two machines, or a disturbed run; run both cases "
-        "again on one machine",
-        f"{paths[1]}:1: results: results/cpu-one-name-2c-24g/other_case.json and "
+        "ceilings differ by more than 20% (copy 45.9 vs 19.3 GB/s): two hosts of one model, or a disturbed run; the "
+        "site shows each on its own ceilings, as two machines",
+        f"{paths[1]}:1: results: warning: results/cpu-one-name-2c-24g/other_case.json and "
         "results/cpu-one-name-2c-24g/softmax_fusion.json share the hardware name 'cpu-one-name-2c-24g' but their "
-        "measured ceilings differ by more than 20% (copy 19.3 vs 45.9 GB/s): two machines, or a disturbed run; run "
-        "both cases again on one machine"]
+        "measured ceilings differ by more than 20% (copy 19.3 vs 45.9 GB/s): two hosts of one model, or a disturbed "
+        "run; the site shows each on its own ceilings, as two machines"]
+    assert cli("check", paths[0]).exit_code == 0
 
 
 def test_check_command_passes_with_fresh_results(make_case, cli):
