@@ -257,6 +257,22 @@ def test_a_dash_in_prose_stays_prose():
     assert "<ul>" not in text.markdown_html("exp(x - max) over the row, then a - b")
 
 
+def test_a_dash_inside_brackets_never_splits_a_list_item():
+    html = text.markdown_html("Measured:\n\n- one exponential (keeping exp(x - max) in the slot) changed\n"
+                              "  nothing at 32K\n- a deeper ring [slots - 1] helped\n")
+    items = re.findall(r"<li>(.*?)</li>", html, re.S)
+    assert [" ".join(i.split()) for i in items] == [
+        "one exponential (keeping exp(x - max) in the slot) changed nothing at 32K", "a deeper ring [slots - 1] helped"]
+
+
+def test_a_list_right_under_a_paragraph_is_a_list_and_the_paragraph_after_it_is_not_an_item():
+    html = text.markdown_html("What the run says:\n- cuBLAS ran faster\n  under casebook's timer\n- 1024^3 is "
+                              "launch-bound\nSo the next step is a graph.\n\n```\n- a fenced dash\n```\n")
+    assert re.search(r"<p>What the run says:</p>\s*<ul>\s*<li>cuBLAS ran faster\s+under casebook's timer</li>\s*"
+                     r"<li>1024\^3 is launch-bound</li>\s*</ul>\s*<p>So the next step is a graph.</p>", html), html
+    assert "- a fenced dash" in html  # a code block is left as it is
+
+
 def test_the_baselines_grey_is_not_the_dtype_markers_colour():
     from casebook.render import plots
 

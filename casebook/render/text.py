@@ -89,7 +89,7 @@ def markdown_html(source: str) -> Markup:
     md.preprocessors.deregister("html_block")
     md.inlinePatterns.deregister("html")
     md.treeprocessors.register(_SafeLinks(md), "casebook_safe_links", 0)
-    rendered = md.convert(unfold_lists(source))
+    rendered = md.convert(lists_apart(unfold_lists(source)))
     return Markup(f'<div class="cb-notes">\n{inert(rendered)}\n</div>')
 
 
@@ -110,20 +110,54 @@ def code_html(source: str, language: str = "python") -> Markup:
     return Markup(inert(listing))
 
 
-
-
 def unfold_lists(source: str) -> str:
     """A Markdown list that YAML folding put on one line ("Steps: - one - two") back on lines of its own.
 
-    Only where a line holds at least two ` - item` runs after a colon or a full stop (or from its start), so
-    a dash in prose ("exp(x - max)", "a - b") stays prose."""
+    Only where a line holds at least two ` - item` runs after a colon or a full stop (or from its start), and
+    only at dashes outside brackets, so a dash in prose ("exp(x - max)", "a - b") stays prose."""
     out = []
     for row in source.split("\n"):
-        head, *items = re.split(r"(?:^| +)- (?=\S)", row)
+        head, *items = _split_dashes(row)
         if len(items) >= 2 and (not head.strip() or head.rstrip().endswith((":", "."))) and not row.startswith("    "):
             out += ([head, ""] if head.strip() else []) + [f"- {item}" for item in items] + [""]
         else:
             out.append(row)
+    return "\n".join(out)
+
+
+_DASH = re.compile(r"(?:^| +)- (?=\S)")
+
+
+def _split_dashes(row: str) -> list[str]:
+    """The row cut at each ` - ` that is not inside parentheses or brackets."""
+    cuts = [m for m in _DASH.finditer(row)
+            if row.count("(", 0, m.start()) + row.count("[", 0, m.start())
+            == row.count(")", 0, m.start()) + row.count("]", 0, m.start())]
+    bounds = [0] + [x for m in cuts for x in (m.start(), m.end())] + [len(row)]
+    return [row[a:b] for a, b in zip(bounds[::2], bounds[1::2])]
+
+
+_ITEM = re.compile(r"(?:[-*+]|\d+\.) \S")
+
+
+def lists_apart(source: str) -> str:
+    """A blank line between a list and a paragraph at the margin right above or below it: Python-Markdown
+    (unlike CommonMark) would run the list into the paragraph as text ("says: - one - two")."""
+    out: list[str] = []
+    in_list = fenced = False
+    for line in source.split("\n"):
+        fence = line.lstrip().startswith(("```", "~~~"))
+        if fenced:  # inside a code block: as it is
+            fenced = not fence
+            out.append(line)
+            continue
+        item = bool(_ITEM.match(line))
+        margin = bool(line.strip()) and not line[0].isspace()
+        if margin and item != in_list and out and out[-1].strip():
+            out.append("")
+        in_list = item or (in_list and not margin)
+        fenced = fence
+        out.append(line)
     return "\n".join(out)
 
 
