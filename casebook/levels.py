@@ -5,9 +5,11 @@ timing: numbers in, numbers out (docs/method.md, "Three levels")."""
 from __future__ import annotations
 
 import math
+from collections import Counter
+from typing import Callable
 
 from casebook.check import TOLERANCE
-from casebook.schema import EndToEndLevel, shape_label
+from casebook.schema import EndToEndLevel, Point, WorkloadSummary, shape_label
 from casebook.stats import weighted_geomean
 
 REGRESSION = 0.98
@@ -44,6 +46,30 @@ def workload_summary(points: list[dict], baseline: str) -> list[dict]:
                        regressions=[p["shape"] for p in timed if p["speedup"] < REGRESSION and name != baseline])
         out.append(row)
     return out
+
+
+def regressions(row: WorkloadSummary, points: list[Point], label: Callable[[dict], str] = shape_label) -> str:
+    """A workload summary's regressions in words, for the run's table and the site alike: the shapes slower than
+    the baseline, and the shapes with no speedup (the variant only checked, failed, crashed or skipped there, or
+    its baseline untimed), with the first reason given. 'none' only where every shape was timed and none is
+    slower: a variant never timed has no clean bill."""
+    slower = ", ".join(label(s) for s in row.regressions or [])
+    mine = [p for p in points if p.variant == row.variant]
+    untimed = [p for p in mine if p.status != "ok" or p.speedup is None]
+    if not untimed:
+        return slower or "none"
+    whys = Counter(_untimed_why(p) for p in untimed)
+    counts = ", ".join(f"{why} at {n} of {len(mine)} shapes" for why, n in whys.items())
+    first = next((p.error for p in untimed if p.error), None)
+    head = "never timed" if len(untimed) == len(mine) else "not timed"
+    return (f"{head}: {counts}" + (f" (first: {first})" if first else "")
+            + (f"; slower at {slower}" if slower else ""))
+
+
+def _untimed_why(p: Point) -> str:
+    if p.status == "checked":
+        return "checked only"
+    return "its baseline untimed" if p.status == "ok" else str(p.status)
 
 
 def amdahl(share: float, kernel_speedup: float) -> float:

@@ -32,6 +32,29 @@ def test_workload_summary():
     assert rows["partial"] == {"variant": "partial", "shapes": 2, "timed": 1}, "no geomean over part of the workload"
 
 
+def test_regressions_say_none_only_where_every_shape_was_timed():
+    from casebook.schema import Point, WorkloadSummary
+
+    def pt(variant: str, rows: int, status: str = "ok", speedup: float | None = 1.0, error: str | None = None) -> Point:
+        return Point(variant=variant, shape={"rows": rows, "cols": 8}, dtype="bf16", status=status, speedup=speedup,
+                     error=error)
+
+    def row(variant: str, slower: list[int] = ()) -> WorkloadSummary:
+        return WorkloadSummary(variant=variant, shapes=2, timed=0, regressions=[{"rows": r, "cols": 8} for r in slower])
+
+    points = [pt("clean", 1), pt("clean", 2), pt("slow", 1), pt("slow", 2, speedup=0.5),
+              pt("checked", 1, "checked", None), pt("checked", 2, "checked", None),
+              pt("half", 1, speedup=0.5), pt("half", 2, "crashed", None, "illegal memory access"),
+              pt("orphan", 1, speedup=None), pt("orphan", 2, speedup=None)]
+    assert levels.regressions(row("clean"), points) == "none"
+    assert levels.regressions(row("slow", [2]), points) == "2x8"
+    assert levels.regressions(row("checked"), points) == "never timed: checked only at 2 of 2 shapes"
+    assert levels.regressions(row("half", [1]), points) == \
+        "not timed: crashed at 1 of 2 shapes (first: illegal memory access); slower at 1x8"
+    assert levels.regressions(row("orphan"), points) == "never timed: its baseline untimed at 2 of 2 shapes"
+    assert levels.regressions(row("slow", [2]), points, label=lambda s: "×".join(map(str, s.values()))) == "2×8"
+
+
 E2E = load_case(SOFTMAX).levels.end_to_end  # baseline torch_softmax, variant triton_online, bf16
 
 

@@ -115,8 +115,55 @@ def test_a_variant_that_failed_everywhere_has_no_clean_regressions(tmp_path, plo
                 s.update(timed=0, geomean_speedup=None, worst_speedup=None, regressions=[])
 
     html = words(case_html(built_with(tmp_path, plot_cache, crash)))
-    assert re.search(r"triton_online – – [^|]*? every shape: crashed at (\d+) of \1 shapes "
+    assert re.search(r"triton_online – – [^|]*? never timed: crashed at (\d+) of \1 shapes "
                      r"\(first: illegal memory access\)", html)
+
+
+def test_a_variant_only_checked_has_no_clean_regressions(tmp_path):
+    """The site's level-2 table says what the run's table says (one rule, `levels.regressions`)."""
+    from casebook.render import views
+    from casebook.render.book import load_book
+
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    stored = results / "nvidia-h200" / "softmax_fusion.json"
+    doc = json.loads(stored.read_text())
+    for p in doc["workload_level"]["points"]:
+        if p["variant"] == "triton_online":
+            p.update(status="checked", speedup=None, median_us=None, p10_us=None, p90_us=None, median_ci_us=None,
+                     gbps=None, tflops=None, roof_fraction=None)
+    for row in doc["workload_level"]["summary"]:
+        if row["variant"] == "triton_online":
+            row.update(timed=0, geomean_speedup=None, worst_speedup=None, worst_shape=None, regressions=None)
+    stored.write_text(json.dumps(doc))
+    entry = load_book(cases, results).get("softmax_fusion")
+    machine = views.machine(entry, next(r for r in entry.results if r.slug == "nvidia-h200"), {})
+    row = next(s for s in machine.level2_summary if s["variant"] == "triton_online")
+    assert re.fullmatch(r"never timed: checked only at (\d+) of \1 shapes", row["regressions"]), row["regressions"]
+
+
+def test_unstable_points_are_marked_wherever_their_numbers_are_shown(tmp_path, plot_cache):
+    why = "spread p90/p10 1.31 over 1.10"
+
+    def shaky(doc):
+        timed = [p for p in doc["kernel_level"] if p["status"] == "ok"]
+        for p in timed[:3]:
+            p["unstable"] = [why]
+        for p in doc["workload_level"]["points"]:
+            if p["variant"] == "triton_online":
+                p["unstable"] = [why]
+
+    html = case_html(built_with(tmp_path, plot_cache, shaky))
+    seen = words(html)
+    timed = sum(1 for doc in [json.loads((REPO / "tests/fixtures/results/nvidia-h200/softmax_fusion.json").read_text())]
+                for p in doc["kernel_level"] + doc["workload_level"]["points"] if p["status"] == "ok")
+    assert re.search(rf"Unstable points on NVIDIA H200 SXM \d+ of {timed} timed points are unstable \(first: ", seen)
+    assert "NVIDIA H200 SXM · unstable" in seen  # the machine's chip
+    assert len(re.findall(rf'<abbr class="cb-unstable" title="unstable: {re.escape(why)}">unstable</abbr>', html)) == 3
+    level2 = words(html[html.index('id="level-2-the-real-shape-distribution"'):html.index('id="level-3-end-to-end"')])
+    assert re.search(r"triton_online \d+\.\d\d× unstable at (\d+) of \1 shapes", level2)
+    glance = words(html[html.index('id="at-a-glance"'):html.index('id="roofline"')])
+    assert re.search(r"NVIDIA H200 SXM unstable .*triton_online \d+\.\d\d× \(unstable at \d+ of \d+ shapes\)", glance)
 
 
 def test_the_hardware_page_shows_the_recorded_driver_and_l2(tmp_path, plot_cache):

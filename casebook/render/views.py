@@ -9,11 +9,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from casebook import levels
 from casebook.render import links, text
 from casebook.render.book import Book, Entry, StoredResult
 from casebook.render.figures import best_variant, link_gbps, measured_roofs
 from casebook.roofline import host_bound, ridge_point
-from casebook.schema import CounterRow, EndToEndResult, Point, WorkloadSummary
+from casebook.schema import CounterRow, EndToEndResult, Point, Result
 
 
 @dataclass
@@ -61,6 +62,8 @@ class Machine:
     """A multi-device result's roofline is drawn against the link: which one and its measured ceiling, in words."""
     memory: bool = False
     """Whether any level-1 point has its peak memory measured: the table then shows it beside the time."""
+    unstable: str = ""
+    """How many timed points are unstable, and the first one's reasons, in words (empty: none is)."""
 
 
 def ridge(entry: Entry, stored: StoredResult) -> Ridge | None:
@@ -99,9 +102,11 @@ def machine(entry: Entry, stored: StoredResult, images: dict[str, str]) -> Machi
     m.level2_summary = [{"variant": s.variant, "geomean": text.times(s.geomean_speedup),
                          "worst": text.times(s.worst_speedup),
                          "worst_shape": text.shape(s.worst_shape or {}),
-                         "regressions": _regressions(s, wl.points),
+                         "regressions": levels.regressions(s, wl.points, text.shape_short),
+                         "unstable": _unstable_shapes(wl.points, s.variant, entry.case.kernel.baseline),
                          "good": _ok(s.worst_speedup) and s.worst_speedup >= 1}
                         for s in wl.summary]
+    m.unstable = unstable_words(r)
     measured = [p for p in r.kernel_level if p.status in ("ok", "checked")]
     m.shapes_measured = "; ".join(dict.fromkeys(text.shape(p.shape) for p in measured))
     m.dtypes_measured = ", ".join(dict.fromkeys(p.dtype for p in measured))
@@ -158,7 +163,7 @@ def _level1_row(p: Point, baseline: str) -> dict:
             "speedup": text.times(p.speedup) if p.variant != baseline else "baseline", "check": check,
             "memory": _memory(p),
             "check_full": full, "autotuned": "; ".join(f"{k} {v}" for k, v in (p.autotuned or {}).items()),
-            "ok": p.status in ("ok", "checked")}
+            "unstable": "; ".join(p.unstable or []), "ok": p.status in ("ok", "checked")}
 
 
 def _memory(p: Point) -> str:
@@ -169,24 +174,26 @@ def _memory(p: Point) -> str:
     return f"{text.nbytes(p.peak_memory_bytes)}{ratio}"
 
 
-def _regressions(summary: WorkloadSummary, points: list[Point]) -> str:
-    """The shapes where the variant is slower than the baseline, and the ones where it was never timed
-    (failed, crashed, skipped), with the reason: a variant that failed everywhere has no regression to
-    list, and 'none' would read as a clean bill."""
-    slower = ", ".join(text.shape_short(x) for x in summary.regressions or [])
-    mine = [p for p in points if p.variant == summary.variant]
-    untimed = [p for p in mine if p.status not in ("ok", "checked")]
-    if not untimed:
-        return slower or "none"
-    by: dict[str, list[Point]] = {}
-    for p in untimed:
-        by.setdefault(str(p.status), []).append(p)
-    first = untimed[0]
-    reason = f" (first: {first.error})" if first.error else ""
-    counts = ", ".join(f"{p_status} at {len(ps)}" for p_status, ps in by.items())
-    every = len(untimed) == len(mine)
-    return (f"{'every shape' if every else 'not timed'}: {counts} of {len(mine)} shapes{reason}"
-            + (f"; slower at {slower}" if slower else ""))
+def unstable_words(r: Result) -> str:
+    """How many of a result's timed points are unstable (`casebook check` publishes none of them), the first
+    one's reasons, and ceilings measured on a busy machine; empty where the run was steady."""
+    timed = [p for p in [*r.kernel_level, *r.workload_level.points] if p.status == "ok"]
+    unstable = [p for p in timed if p.unstable]
+    words = []
+    if unstable:
+        first = unstable[0]
+        words.append(f"{len(unstable)} of {len(timed)} timed points are unstable (first: {first.variant} "
+                     f"{text.shape_short(first.shape)} {first.dtype}: {'; '.join(first.unstable)})")
+    if r.hardware.measured.unstable:
+        words.append(f"the ceilings were measured on a busy machine ({'; '.join(r.hardware.measured.unstable)})")
+    return "; ".join(words)
+
+
+def _unstable_shapes(points: list[Point], variant: str, baseline: str) -> str:
+    """The workload shapes whose speedup for `variant` rests on an unstable time (its own or the baseline's)."""
+    shaky = {text.shape_short(p.shape) for p in points if p.unstable and p.variant in (variant, baseline)}
+    shapes = {text.shape_short(p.shape) for p in points if p.variant == variant}
+    return f"unstable at {len(shaky & shapes)} of {len(shapes)} shapes" if shaky & shapes else ""
 
 
 def _regime(p: Point) -> str:
@@ -204,12 +211,15 @@ def _regime(p: Point) -> str:
 def _level2_table(entry: Entry, points: list[Point]) -> list[dict]:
     """One row per workload shape: weight, source, and each variant's speedup."""
     rows: dict[str, dict] = {}
+    baseline = entry.case.kernel.baseline
+    shaky_baseline = {text.shape_short(p.shape) for p in points if p.unstable and p.variant == baseline}
     for p in points:
         label = text.shape_short(p.shape)
         row = rows.setdefault(label, {"shape": label, "weight": p.weight, "source": p.source or "",
                                       "speedups": {}})
-        if p.variant != entry.case.kernel.baseline:
-            row["speedups"][p.variant] = text.times(p.speedup) if p.status == "ok" else (p.status or "–")
+        if p.variant != baseline:
+            shown = text.times(p.speedup) if p.status == "ok" else (p.status or "–")
+            row["speedups"][p.variant] = f"{shown} (unstable)" if p.unstable or label in shaky_baseline else shown
     total = sum(r["weight"] or 0 for r in rows.values()) or 1
     for r in rows.values():
         r["weight"] = text.pct((r["weight"] or 0) / total)
