@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -20,9 +21,10 @@ from casebook.interference import Window
 from casebook.schema import slug
 
 CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "casebook"))
-CEILINGS_VERSION = 5
+CEILINGS_VERSION = 6
 """Bumped when what is cached changes meaning; 5: only ceilings measured on a quiet machine are cached, so
-an older cache, which may hold a busy machine's, is measured again."""
+an older cache, which may hold a busy machine's, is measured again; 6: every matmul rate is measured in its own
+dtype (5 copied fp32's to fp64, and on a CPU to every dtype)."""
 
 MATMUL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 28672, 4096), (2048, 2048, 16384)]
 """m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: gemm_tiled shapes
@@ -218,7 +220,7 @@ def ceilings(remeasure: bool = False) -> dict:
     import torch
 
     ident = identify()
-    path = CACHE_DIR / f"ceilings-{ceilings_key(ident)}.json"
+    path = cache_path(ident)
     if not remeasure and path.exists():
         try:
             cached = json.loads(path.read_text())
@@ -243,7 +245,8 @@ def ceilings(remeasure: bool = False) -> dict:
         if not measured["unstable"]:
             break
     measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"],
-                    measure_s=round(time.perf_counter() - t0, 2))
+                    measure_s=round(time.perf_counter() - t0, 2),
+                    measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     if not measured["unstable"]:
         CACHE_DIR.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=CACHE_DIR, prefix=f".{path.stem}.", suffix=".tmp")  # one a process:
@@ -251,6 +254,22 @@ def ceilings(remeasure: bool = False) -> dict:
             f.write(json.dumps(measured, indent=1))
         os.replace(tmp, path)
     return measured
+
+
+def cache_path(ident: dict | None = None) -> Path:
+    """Where this machine's ceilings are cached (`ceilings`)."""
+    return CACHE_DIR / f"ceilings-{ceilings_key(ident or identify())}.json"
+
+
+def provenance_of(measured: dict, since: float) -> str:
+    """Whether `measured` was measured by this process (after `since`, a `time.time()`) or read from the cache,
+    and when and where, in words: a run says which ceilings it is placed under."""
+    when = measured.get("measured_at")
+    took = f" in {measured['measure_s']:.1f} s" if measured.get("measure_s") is not None else ""
+    if when and datetime.datetime.fromisoformat(when).timestamp() >= since - 1:
+        return f"measured now{took}"
+    return (f"read from the cache {cache_path()} (measured {when or 'at an unrecorded time'}{took}; "
+            "`casebook hardware --remeasure` measures them again)")
 
 
 def ceilings_key(ident: dict) -> str:
@@ -324,7 +343,7 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
     best = sorted(bf16, key=bf16.get, reverse=True)[:best_shapes] if best_shapes else MATMUL_SHAPES
     matmul = {"bf16": max(bf16.values())}
     for name, dtype, shapes in (("fp16", torch.float16, best), ("tf32", torch.float32, best),
-                                ("fp32", torch.float32, [(4096,) * 3])):
+                                ("fp32", torch.float32, [(4096,) * 3]), ("fp64", torch.float64, [(4096,) * 3])):
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
         matmul[name] = max(rates(dtype, shapes).values())
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -332,11 +351,10 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
         one = torch.ones((), device="cuda")
         try:
             scaled_mm = lambda a, b: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-            matmul["fp8_e4m3"] = matmul["fp8_e5m2"] = max(rates(  # _scaled_mm wants B column-major
+            matmul["fp8_e4m3"] = max(rates(  # _scaled_mm wants B column-major
                 torch.float8_e4m3fn, best, scaled_mm, b_column_major=True).values())
         except (RuntimeError, TypeError):
             pass
-    matmul.setdefault("fp64", matmul["fp32"])
 
     # One tiny launch, back to back: what each extra kernel in a sequence costs. Behind the fixed least
     # delay, not one that hides the host: the host's pace of issue is what this ceiling is.
@@ -362,7 +380,8 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
                 "matmul": "the fastest random m x n x k torch.matmul of "
                           + ", ".join("x".join(map(str, s)) for s in MATMUL_SHAPES)
                           + (f" in bf16, of its {len(best)} fastest in fp16, tf32 and fp8" if best_shapes else "")
-                          + f" (fp32 without tf32: 4096^3), each after {rest_s:g} s idle",
+                          + f" (fp32 without tf32, and fp64: 4096^3), each after {rest_s:g} s idle; a dtype not "
+                            "listed (fp8_e5m2) is not measured: its points are placed under the fp32 roof",
                 "launch": f"{n} back-to-back x.add_(1) on one element, per launch",
                 "graph_launch": f"the same {n} kernels replayed in one CUDA graph, per kernel"}}
 
@@ -378,15 +397,24 @@ def measure_cpu() -> dict:
     src = torch.randn(2**25, generator=g)  # 128 MiB
     dst = torch.empty_like(src)
     copy_us = time_fn(lambda: dst.copy_(src), "cpu", proto).summary.min_us
-    a = torch.randn(1024, 1024, generator=g)
-    b = torch.randn(1024, 1024, generator=g)
-    mm_us = time_fn(lambda: a @ b, "cpu", proto).summary.min_us
+    matmul = {}
+    for name, dtype, n in CPU_MATMULS:
+        a = torch.randn(n, n, generator=g).to(getattr(torch, dtype))
+        b = torch.randn(n, n, generator=g).to(getattr(torch, dtype))
+        matmul[name] = 2 * n**3 / time_fn(lambda a=a, b=b: a @ b, "cpu", proto).summary.min_us / 1e6
     x = torch.zeros(1)
     call_us = time_fn(lambda: x.add_(1), "cpu", proto).summary.min_us
-    fp32 = 2 * 1024**3 / mm_us / 1e6
-    return {"copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3,
-            "matmul_tflops": {"fp32": fp32, "fp64": fp32, "tf32": fp32, "bf16": fp32, "fp16": fp32},
+    return {"copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3, "matmul_tflops": matmul,
             "launch_us": call_us, "graph_launch_us": call_us,
             "method": {"copy": "128 MiB fp32 copy_, bytes read + written",
-                       "matmul": "1024^3 fp32 torch.matmul (other dtypes held to the fp32 rate)",
-                       "launch": "one x.add_(1) on one element"}}
+                       "matmul": "torch.matmul in each dtype: "
+                                 + ", ".join(f"{name} {n}^3" for name, _, n in CPU_MATMULS)
+                                 + " (a CPU has no tf32: its points are placed under the fp32 roof)",
+                       "launch": "one x.add_(1) on one element",
+                       "graph_launch": "a CPU has no graphs: one op's cost, as launch"}}
+
+
+CPU_MATMULS = (("fp32", "float32", 1024), ("fp64", "float64", 1024), ("bf16", "bfloat16", 1024),
+               ("fp16", "float16", 256))
+"""The matmuls of a CPU's ceilings, each in its own dtype (one 2-core AMD EPYC: fp32 0.17, fp64 0.08, bf16 0.41
+TFLOP/s; fp16 0.001, which has no fast path there: 2 s a 1024^3 call, so it is timed at 256^3)."""

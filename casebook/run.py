@@ -136,6 +136,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
             parts = [*(r.model_dump(mode="json") for r in resume.resumed or []),
                      {"finished_at": resume.finished_at, "resumed_at": _now(), "points": len(reuse)}]
     progress("ceilings", {"hardware": ident["name"]})
+    since = time.time()
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu,
            "command": command_line(Path(path), only, quick, counters, argv), "argv": argv,
            "started": resume.started_at if parts else _now(), "resumed": parts,
@@ -143,6 +144,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
            "env": hardware.environment(), "reuse": reuse}
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
                       cpu_threads=interference.cpu_threads())
+    progress("note", {"message": "ceilings: " + ("those of the run resumed" if parts else "given by the caller"
+                                                  if ceilings else hardware.provenance_of(run["ceilings"], since))})
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
         from casebook.distributed import measure_topology
 

@@ -719,6 +719,8 @@ class Ceilings(Record):
     slug: str | None = Field(default=None, description="The hardware they were measured on.")
     measure_s: float | None = Field(default=None, description="How long measuring them took, seconds (every attempt "
                                                               "on a busy machine included).")
+    measured_at: str | None = Field(default=None, description="When they were measured, UTC ISO 8601 (a run may "
+                                                              "read them from the machine's cache, measured earlier).")
 
 
 class MeasuredLink(Record):

@@ -116,3 +116,34 @@ def test_each_gpu_of_a_host_has_its_own_ceilings_and_is_named_in_the_result(monk
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
     assert hardware.visible_device() == "5"  # nvidia-smi's -i names the first
     assert hardware.ceilings_key({"kind": "cpu", "slug": "cpu-x-2c-24g"}) == "cpu-x-2c-24g"
+
+
+@pytest.mark.slow
+def test_a_cpus_matmul_ceilings_are_each_measured_in_their_own_dtype():
+    """No rate copied from another: fp32, fp64, bf16 and fp16 each timed (one 2-core EPYC: 0.17, 0.08, 0.41 and
+    0.001 TFLOP/s); a CPU has no tf32, so none is reported and its points fall under the fp32 roof."""
+    from casebook.hardware import CPU_MATMULS, measure_cpu
+
+    measured = measure_cpu()
+    assert sorted(measured["matmul_tflops"]) == sorted(name for name, _, _ in CPU_MATMULS) == [
+        "bf16", "fp16", "fp32", "fp64"]
+    assert all(v > 0 for v in measured["matmul_tflops"].values())
+    assert "tf32" not in measured["matmul_tflops"] and "no tf32" in measured["method"]["matmul"]
+
+
+def test_the_ceilings_say_whether_they_were_measured_now_or_read_from_the_cache(tmp_path, monkeypatch):
+    import time
+
+    from casebook import hardware
+
+    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(hardware, "identify", lambda devices=1: {"slug": "cpu-x-2c-24g", "kind": "cpu"})
+    now = time.time()
+    stamp = hardware.datetime.datetime.now(hardware.datetime.timezone.utc).isoformat()
+    fresh = {"measured_at": stamp, "measure_s": 4.5}
+    assert hardware.provenance_of(fresh, now) == "measured now in 4.5 s"
+    old = {"measured_at": "2026-12-01T00:00:00+00:00", "measure_s": 4.5}
+    said = hardware.provenance_of(old, now)
+    assert said.startswith(f"read from the cache {tmp_path / 'ceilings-cpu-x-2c-24g.json'}")
+    assert "measured 2026-12-01T00:00:00+00:00 in 4.5 s" in said and "--remeasure" in said
+    assert "at an unrecorded time" in hardware.provenance_of({}, now), "an older cache: it says it does not know"

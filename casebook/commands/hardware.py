@@ -9,9 +9,12 @@ from rich.table import Table
 
 
 def main(remeasure: bool, json_out: bool = False) -> int:
+    import time
+
     from casebook import hardware
 
     ident = hardware.identify()
+    since = time.time()
     measured = hardware.ceilings(remeasure=remeasure)
     sheet = ident.get("datasheet") or {}
     if json_out:  # what a result stores under `hardware`: the machine, its datasheet, its measured ceilings
@@ -23,18 +26,26 @@ def main(remeasure: bool, json_out: bool = False) -> int:
 
     def row(label: str, got: float | None, spec: float | None, unit: str) -> None:
         ratio = f"{got / spec:.0%}" if got and spec else "-"
-        t.add_row(label, f"{got:,.1f} {unit}" if got else "-", f"{spec:,.1f} {unit}" if spec else "-", ratio)
+        t.add_row(label, _figure(got, unit), _figure(spec, unit), ratio)
 
+    peaks = sheet.get("peak_tflops") or {}
     row("memory bandwidth (copy, read + write)", measured["copy_gbps"], sheet.get("bandwidth_gbps"), "GB/s")
-    for dtype, v in measured["matmul_tflops"].items():
-        row(f"dense matmul {dtype}", v, sheet.get("peak_tflops", {}).get(dtype), "TFLOP/s")
-    row("one tiny launch", measured["launch_us"], None, "us")
-    row("one kernel inside a CUDA graph", measured["graph_launch_us"], None, "us")
+    for dtype in dict.fromkeys([*measured["matmul_tflops"], *peaks]):  # a datasheet dtype not measured: "-"
+        row(f"dense matmul {dtype}", measured["matmul_tflops"].get(dtype), peaks.get(dtype), "TFLOP/s")
+    row("one tiny launch" if ident["kind"] == "gpu" else "one tiny op call", measured["launch_us"], None, "us")
+    if ident["kind"] == "gpu":
+        row("one kernel inside a CUDA graph", measured["graph_launch_us"], None, "us")
     console = Console()
     console.print(t)
     if sheet.get("source"):
         console.print(f"datasheet: {sheet['source']}", highlight=False)
-    if measured.get("measure_s") is not None:
-        console.print(f"measured in {measured['measure_s']:.1f} s (cached: `--remeasure` measures again)",
-                      highlight=False)
+    console.print("a dtype without a measured matmul is placed under the fp32 roof; ceilings "
+                  f"{hardware.provenance_of(measured, since)}", highlight=False)
     return 0
+
+
+def _figure(value: float | None, unit: str) -> str:
+    """A rate with three significant figures in the unit's prefix that fits it (0.41 TFLOP/s, not 0.4)."""
+    if not value:
+        return "-"
+    return f"{value:,.1f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
