@@ -328,11 +328,29 @@ def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Pa
     built = site_with(tmp_path, plot_cache, forge_one_claim)
     html = words((built / "browse" / "claims" / "index.html").read_text())
     open_part, held_part = html.split("Open: failed on a machine¶", 1)[1].split("Held¶", 1)
+    held_part, unmeasured_part = held_part.split("Not yet measured¶", 1)
     # The claim no point backs, with the reason; one that held, below.
     assert "At least 3.8 TB/s at every bf16 shape from 1K to 64K columns." in open_part
     assert "forged" not in html and "point matches this claim" in open_part
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." in held_part
     assert "At least 4.0 TB/s at 32768 x 4096 bf16." not in open_part
+
+
+def test_the_claims_page_lists_every_claim_with_its_state(built: Path):
+    """Claims aimed at a GPU with no result of their case are on the page too: not yet measured, with the
+    hardware they name."""
+    from casebook.load import load_case
+
+    claims = {c.id: c.claims for c in map(load_case, (REPO / "cases").glob("*.yaml"))}
+    html = words((built / "browse" / "claims" / "index.html").read_text())
+    counts = re.search(r"The book makes\s+(\d+) claims: (\d+) missed on a machine, (\d+) held, and\s+(\d+) not yet "
+                       r"measured on the hardware they name", html)
+    total, missed, held, unmeasured = map(int, counts.groups())
+    assert total == sum(map(len, claims.values())) == missed + held + unmeasured
+    rows = html.split("Not yet measured¶", 1)[1]
+    for claim in claims["transpose"]:  # no result in this book
+        assert f"· {' '.join(claim.text.split())} {', '.join(claim.hardware)} none" in " ".join(rows.split())
+    assert unmeasured >= len(claims["transpose"]) and held >= 1
 
 
 def site_with(tmp_path: Path, plot_cache: Path, edit: Callable[[dict], None]) -> Path:

@@ -185,21 +185,29 @@ def by_hardware(book: Book) -> str:
 
 
 def claims(book: Book) -> str:
-    """Every claim checked on every machine: the failed ones first (what is open), then the held ones."""
+    """Every claim of the book with its state: missed (with the number that missed), held, or not yet measured on
+    the hardware it names; the missed ones first (what is open)."""
     page = links.CLAIMS
-    rows = []
-    for slug, results in book.hardware().items():
-        for stored in results:
-            entry = book.get(stored.result.case_id)
-            for c in stored.result.claims:
-                if c.held is None:
-                    continue
-                rows.append({"case": views.case_row(entry, page), "hardware": results[0].hardware_name,
-                             "hardware_url": links.rel(page, links.BY_HARDWARE, links.anchor(slug)), "text": c.text,
-                             "detail": c.detail, "held": c.held, "stale": bool(stored.stale)})
-    rows.sort(key=lambda r: (r["held"], r["case"]["title"], r["hardware"]))
-    return render("claims", front_matter=front_matter("Claims, held and open"),
-                  open=[r for r in rows if not r["held"]], held=[r for r in rows if r["held"]])
+    keys = {id(r): key for key, results in book.hardware().items() for r in results}
+    titles = views.machine_titles(book)
+    judged, unmeasured, states = [], [], []
+    for entry in book.entries:
+        case = views.case_row(entry, page)
+        for claim in views.claim_states(entry):
+            states.append(claim["state"])
+            judged += [{"case": case, "hardware": titles[keys[id(stored)]], "text": claim["text"],
+                        "hardware_url": links.rel(page, links.BY_HARDWARE, links.anchor(keys[id(stored)])),
+                        "detail": o.detail, "held": o.held, "stale": bool(stored.stale)}
+                       for stored, o in claim["judged"]]
+            if claim["state"] == "unmeasured":
+                unmeasured.append({"case": case, "text": claim["text"],
+                                   "named": ", ".join(claim["hardware"] or ["any machine"]),
+                                   "results": ", ".join(r.slug for r in entry.results) or "none"})
+    judged.sort(key=lambda r: (r["held"], r["case"]["title"], r["hardware"]))
+    return render("claims", front_matter=front_matter("Claims, held and open"), total=len(states),
+                  counts={s: states.count(s) for s in views.CLAIM_STATES},
+                  open=[r for r in judged if not r["held"]], held=[r for r in judged if r["held"]],
+                  unmeasured=unmeasured)
 
 
 def shown_by(book: Book, source: Entry, t) -> list[Entry]:

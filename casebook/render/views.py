@@ -310,6 +310,33 @@ def outcome(entry: Entry) -> dict:
             "headline": f"{roof} of roof, {speedup} over {entry.case.kernel.baseline}"}
 
 
+CLAIM_STATES = ("missed", "held", "unmeasured")
+
+
+def claim_states(entry: Entry) -> list[dict]:
+    """Each of the case's claims with every stored verdict on it (matched by its text; `n/a` ones left out) and
+    its state over them: missed on some machine, else held, else not yet measured (on the hardware it names)."""
+    out = []
+    for claim in entry.case.claims:
+        judged = [(stored, o) for stored in entry.results for o in stored.result.claims
+                  if o.text == claim.text and o.held is not None]
+        state = "missed" if any(o.held is False for _, o in judged) else "held" if judged else "unmeasured"
+        out.append({"text": claim.text, "hardware": claim.hardware, "judged": judged, "state": state})
+    return out
+
+
+def machine_titles(book: Book) -> dict[str, str]:
+    """Each machine's heading, by its key in `Book.hardware()`: its name, times its devices where a run spans
+    several, and its key where two machines would still share one (two hosts of one CPU model)."""
+    titles = {}
+    for key, results in book.hardware().items():
+        topo = results[0].result.hardware.topology
+        devices = f" × {topo.devices}" if topo is not None and (topo.devices or 1) > 1 else ""
+        titles[key] = results[0].hardware_name + devices
+    shared = {t for t in titles.values() if list(titles.values()).count(t) > 1}
+    return {key: f"{t} ({key})" if t in shared else t for key, t in titles.items()}
+
+
 def operators(book: Book) -> dict[str, dict]:
     """Every operator with a case, or that a case's method transfers to: its cases and incoming transfers."""
     out: dict[str, dict] = {}
