@@ -58,7 +58,7 @@ def main(
     """casebook: GPU operator-optimisation case studies whose entries run."""
 
 
-@app.command()
+@app.command(short_help='Scaffold a case and a kernel module that run on CPU.')
 def new(name: Annotated[str, typer.Argument(metavar="NAME", help="Case id: lower_snake_case.")]) -> None:
     """Scaffold a case YAML and a kernel module that validate and run on CPU out of the box."""
     from casebook.commands import new as impl
@@ -66,7 +66,7 @@ def new(name: Annotated[str, typer.Argument(metavar="NAME", help="Case id: lower
     raise typer.Exit(impl.main(name))
 
 
-@app.command()
+@app.command(short_help='Schema, links and kernel names, with file:line.')
 def validate(
     paths: Annotated[Optional[list[Path]], typer.Argument(
         metavar="PATHS", help="Case files or folders (default: cases/).")] = None,
@@ -79,7 +79,7 @@ def validate(
     raise typer.Exit(impl.main(paths or [CASES_DIR], strict=strict))
 
 
-@app.command("check")
+@app.command("check", short_help='What review would reject, results included.')
 def check(
     paths: Annotated[Optional[list[Path]], typer.Argument(
         metavar="PATHS", help="Case files or folders (default: cases/).")] = None,
@@ -90,7 +90,7 @@ def check(
     raise typer.Exit(impl.main(paths or [CASES_DIR], strict=True))
 
 
-@app.command("list")
+@app.command("list", short_help='A table of the cases.')
 def list_cases(
     pattern: Annotated[Optional[str], typer.Option(help="Only cases that apply this pattern.")] = None,
     bottleneck: Annotated[Optional[str], typer.Option(help="Only cases with this bottleneck.")] = None,
@@ -102,7 +102,7 @@ def list_cases(
     raise typer.Exit(impl.main(CASES_DIR, pattern=pattern, bottleneck=bottleneck, operator=operator))
 
 
-@app.command()
+@app.command(short_help='The JSON Schema of the case (or result) format.')
 def schema(
     out: Annotated[Optional[Path], typer.Option(help="Write here instead of standard output.")] = None,
     result: Annotated[bool, typer.Option("--result", help="The result format's instead of the case format's.")] = False,
@@ -113,7 +113,7 @@ def schema(
     raise typer.Exit(impl.main(out, result))
 
 
-@app.command()
+@app.command(short_help="This machine's measured ceilings beside its datasheet.")
 def hardware(
     remeasure: Annotated[bool, typer.Option(help="Measure the ceilings again instead of using the cache.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the machine and its ceilings as JSON.")] = False,
@@ -153,7 +153,7 @@ MANY = ("all_cases", "devices", "ray", "hardware", "json_out")
 """`casebook run`'s options for many cases at once: not part of one case's command line."""
 
 
-@app.command()
+@app.command(short_help='Check, time and judge a case (--save stores it).')
 def run(
     ctx: typer.Context,
     cases: Annotated[Optional[list[Path]], typer.Argument(
@@ -209,7 +209,7 @@ def run(
                                    save=save, force=force, flags=flags))
 
 
-@app.command()
+@app.command(short_help='Store a kept run in results/.')
 def record(
     run_file: Annotated[Path, typer.Argument(metavar="RUN.json", help="A run's result, as `casebook run` kept it.")],
     results: Annotated[Path, typer.Option(help="Where results are stored.")] = Path("results"),
@@ -222,7 +222,7 @@ def record(
     raise typer.Exit(impl.main(run_file, results, force))
 
 
-@app.command()
+@app.command(short_help='Run-to-run agreement of two results.')
 def compare(
     a: Annotated[Path, typer.Argument(metavar="A.json", help="A result JSON.")],
     b: Annotated[Path, typer.Argument(metavar="B.json", help="Another result of the same case.")],
@@ -236,7 +236,7 @@ def compare(
     raise typer.Exit(impl.main(a, b, min_us=min_us, within=within, across_machines=across_machines))
 
 
-@app.command()
+@app.command(short_help='A stored result projected onto another GPU.')
 def project(
     case: Annotated[str, typer.Argument(help="The case id (or its YAML).")],
     to: Annotated[str, typer.Option(help="Target machine: a hardware registry slug, e.g. nvidia-b200.")],
@@ -251,7 +251,7 @@ def project(
     raise typer.Exit(impl.main(case, to, source, results, json_out=json_out))
 
 
-@app.command()
+@app.command(short_help="A case's results over the commits.")
 def history(
     case: Annotated[str, typer.Argument(help="The case id (or its YAML).")],
     machine: Annotated[Optional[str], typer.Option(help="Only this machine's results (a hardware slug).")] = None,
@@ -263,7 +263,7 @@ def history(
     raise typer.Exit(impl.main(case, repo=repo, machine=machine))
 
 
-@app.command()
+@app.command(short_help='Render the cases and results into the site.')
 def build(
     out: Annotated[Path, typer.Option(help="Where the site is written.")] = Path("site"),
     strict: Annotated[bool, typer.Option(help="mkdocs --strict: broken links fail the build.")] = True,
@@ -274,7 +274,7 @@ def build(
     raise typer.Exit(impl.main(out, strict=strict))
 
 
-@app.command()
+@app.command(short_help='Build and preview the site on localhost.')
 def serve(
     port: Annotated[int, typer.Option(help="Port on localhost.")] = 8000,
 ) -> None:

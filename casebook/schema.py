@@ -1013,5 +1013,11 @@ def shape_label(shape: dict[str, int]) -> str:
     return "x".join(str(v) for v in shape.values())
 
 
+def shape_named(shape: dict[str, int]) -> str:
+    """`{rows: 32768, cols: 4096}` -> `rows=32768 cols=4096`: a shape where its dimensions' names are not shown
+    beside it."""
+    return " ".join(f"{k}={v}" for k, v in shape.items())
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

@@ -231,3 +231,18 @@ def test_new_scaffold_kernel_is_correct_on_cpu(cli, book):
     proc = subprocess.run([sys.executable, "-c", SCAFFOLD_RUNS], cwd=book, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.stdout.strip() == "OK", proc.stderr[-3000:]
+
+
+def test_help_lists_every_command_in_a_whole_line(cli):
+    """`casebook --help` at 80 columns: each command's line is whole (click cut long ones with "...")."""
+    out = cli("--help").output
+    commands = out.split("Commands:")[1].strip().splitlines()
+    assert len(commands) == 13 and not [c for c in commands if c.rstrip().endswith("...")], commands
+
+
+def test_the_readme_names_every_command():
+    from casebook.cli import app
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    names = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert [n for n in names if f"`casebook {n}" not in readme] == []

@@ -11,13 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from casebook import history
+from casebook.commands import console as terminal
 
 STYLE = {"slower": "bold red", "faster": "green", "same": "dim", "undecided": "yellow"}
 
 
 def main(case: str, repo: Path = Path("."), machine: str | None = None) -> int:
     """0 when shown, 2 on bad input (not a git checkout, no stored results)."""
-    err = Console(stderr=True, highlight=False)
+    err = terminal(stderr=True, highlight=False)
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     case_id = Path(case).stem
     try:

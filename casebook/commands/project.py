@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from casebook import results
+from casebook.commands import console as terminal
 from casebook.projection import ProjectionError, project
 from casebook.schema import Ceilings, shape_label
 
@@ -40,7 +41,7 @@ def main(case: str, to: str, source: str | None, results_dir: Path, json_out: bo
     """0 on a projection shown, 2 on bad input (unknown case, machine or source)."""
     from casebook.hardware import datasheets
 
-    err = Console(stderr=True, highlight=False)
+    err = terminal(stderr=True, highlight=False)
     case_id = Path(case).stem
     by_machine = stored(results_dir, case_id)
     gpu = {slug: r for slug, r in by_machine.items() if r.hardware.kind == "gpu"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -14,11 +13,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from casebook.commands import console as terminal
 from casebook.roofline import host_bound
-from casebook.schema import IntensityCheck, Point, Result, WorkloadSummary, shape_label
+from casebook.schema import IntensityCheck, Point, Result, WorkloadSummary, shape_label, shape_named
 
-console = Console(stderr=True)
-out = Console(width=None if sys.stdout.isatty() else 150)
+console = terminal(stderr=True)
+out = terminal()
 
 STATUS_STYLE = {"ok": "green", "checked": "cyan", "failed": "bold red", "crashed": "bold red",
                 "timeout": "bold red", "skipped": "dim"}
@@ -118,16 +118,16 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
             elif event == "task":
                 t, p = info["task"], info["payload"]
                 name = f"{t.variant} / {t.over}" if t.kind == "pair" else t.variant
-                bar.update(job, advance=1, description=f"{name} {shape_label(t.shape)} {t.dtype}")
+                bar.update(job, advance=1, description=f"{name} {shape_named(t.shape)} {t.dtype}")
                 if not console.is_terminal:  # a log, line by line, where no live bar can be drawn
                     us = (f"{p['median_us']:.1f} us" if p.get("median_us") else
                           f"{p['speedup']:.3f}x paired" if p.get("speedup") else "")
                     why = f": {p.get('error', '')}" if p.get("status") in ("failed", "crashed", "timeout") else ""
-                    console.print(f"  {t.level:10s} {name} {shape_label(t.shape)} {t.dtype}: {p.get('status')}"
+                    console.print(f"  {t.level:10s} {name} {shape_named(t.shape)} {t.dtype}: {p.get('status')}"
                                   f"{why} {us}", highlight=False)
                 elif p.get("status") in ("failed", "crashed", "timeout"):
-                    console.print(f"[red]{name} {shape_label(t.shape)} {t.dtype}: {p['status']}: "
-                                  f"{p.get('error', '')}[/red]", highlight=False)
+                    console.print(f"[red]{name} {shape_named(t.shape)} {t.dtype}: {p['status']}: "
+                                  f"{escape(str(p.get('error', '')))}[/red]", highlight=False)
 
         result = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
                          progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded,
@@ -275,9 +275,11 @@ def _status(p: Point) -> str:
 
 def _points_table(title: str, points: list[Point], weighted: bool = False) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
-    for col in ("variant", "shape", "dtype", "median us", "p10-p90 us", "bandwidth", "compute", "% roof",
-                "binding roof", "speedup", "rel err", "status") + (("weight",) if weighted else ()):
-        t.add_column(col, justify="left" if col in ("variant", "shape", "dtype", "binding roof", "status") else "right")
+    dims = " x ".join(points[0].shape) if points else ""
+    for col in ("variant", f"shape ({dims})" if dims else "shape", "dtype", "median us", "p10-p90 us", "bandwidth",
+                "compute", "% roof", "binding roof", "speedup", "rel err", "status") + (("weight",) if weighted else ()):
+        t.add_column(col, justify="left" if col in ("variant", "dtype", "binding roof", "status")
+                     or col.startswith("shape") else "right")
     for p in points:
         t.add_row(p.variant, shape_label(p.shape), p.dtype, _fmt(p.median_us, ".1f"),
                   f"{p.p10_us:.1f}-{p.p90_us:.1f}" if p.p10_us else "-",
