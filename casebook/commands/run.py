@@ -276,8 +276,9 @@ def _status(p: Point) -> str:
 def _points_table(title: str, points: list[Point], weighted: bool = False) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
     dims = " x ".join(points[0].shape) if points else ""
-    for col in ("variant", f"shape ({dims})" if dims else "shape", "dtype", "median us", "p10-p90 us", "bandwidth",
-                "compute", "% roof", "binding roof", "speedup", "rel err", "status") + (("weight",) if weighted else ()):
+    columns = ("variant", f"shape ({dims})" if dims else "shape", "dtype", "median us", "p10-p90 us", "bandwidth",
+               "compute", "% roof", "binding roof", "speedup", "rel err", "status")
+    for col in columns + (("weight",) if weighted else ()):
         t.add_column(col, justify="left" if col in ("variant", "dtype", "binding roof", "status")
                      or col.startswith("shape") else "right")
     for p in points:
