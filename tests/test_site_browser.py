@@ -208,7 +208,8 @@ def test_the_home_page_shows_a_card_per_case_and_the_atlas(watched):
     assert cards.count() == len(book.entries)
     assert f"The book: {len(book.entries)} cases" in page.locator("article").inner_text()
     softmax = page.locator(".cb-home-cards li:has(a[href='cases/softmax_fusion/'])").inner_text()
-    assert re.search(r"\d+% of roof, \d+\.\d\d× over the baseline on nvidia-h200", softmax), softmax
+    assert re.search(r"\d+% of roof, \d+\.\d\d× over torch_softmax on nvidia-h200", softmax), softmax
+    assert re.search(r"\d+ claims: ✓ \d+ held", softmax), softmax
     atlas = page.locator('article img[src*="img/atlas/"]').first
     atlas.scroll_into_view_if_needed()
     page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=atlas.element_handle(), timeout=10_000)

@@ -275,12 +275,29 @@ def test_the_home_page_shows_the_book(tmp_path, plot_cache):
     assert f"The book: {n} cases" in words(html)
     cards = re.findall(r'<li>\s*<p><strong><a href="cases/([a-z0-9_]+)/">', html)
     assert sorted(cards) == sorted(p.stem for p in (REPO / "cases").glob("*.yaml"))
-    assert re.search(r"\w+: \d+% of roof, \d+\.\d\d× over the baseline on nvidia-h200", words(html))
-    assert "No results yet." in words(html)  # the cases the fixture book has not run
+    assert re.search(r"\w+: \d+% of roof, \d+\.\d\d× over torch_softmax on nvidia-h200", words(html))
+    assert "Not yet measured on nvidia-h200." in words(html)  # the cases the fixture book has not run
     assert 'src="img/atlas/nvidia-h200.svg"' in html
     block = words(html[html.index('id="contributing-a-case"'):])
     steps = re.findall(r"casebook (new|validate|run|check|build)\b", block)
     assert steps[:5] == ["new", "validate", "run", "check", "build"]  # check needs the stored result
+
+
+def test_a_home_card_shows_what_the_case_claims_and_never_a_rung_measured_elsewhere(tmp_path, plot_cache):
+    """A case with a CPU result only is not yet measured on the GPU its claims name: its card says so, with its
+    claims' tally, and shows no CPU number."""
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    (results / "nvidia-h200" / "softmax_fusion.json").unlink()
+    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
+    html = (tmp_path / "site" / "index.html").read_text()
+    card = words(re.search(r'<li>\s*<p><strong><a href="cases/softmax_fusion/">.*?</li>', html, re.S).group(0))
+    from casebook.load import load_case
+
+    n = len(load_case(cases / "softmax_fusion.yaml").claims)
+    assert f"Not yet measured on nvidia-h200 (checked on {FIXTURE_CPU})." in card, card
+    assert f"{n} claims: {n} not yet measured" in card, card
+    assert "% of roof" not in card and "×" not in card
 
 
 # --- cosmetic ----------------------------------------------------------------------------------

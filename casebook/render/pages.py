@@ -289,7 +289,7 @@ def home(book: Book, images: dict[str, str]) -> str:
         slug, results = atlas_of
         atlas_view = {"name": results[0].hardware_name, "image": links.rel(page, images[slug]),
                       "url": links.rel(page, links.ATLAS, slug)}
-    return render("home", cases=[views.case_row(e, page) for e in book.entries], atlas=atlas_view)
+    return render("home", cases=[views.card(e, page) for e in book.entries], atlas=atlas_view)
 
 
 def hardware(book: Book, images: dict[str, str]) -> str:

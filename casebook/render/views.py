@@ -287,13 +287,14 @@ def case_row(entry: Entry, page: str) -> dict:
             **outcome(entry)}
 
 
-def outcome(entry: Entry) -> dict:
-    """The headline of a case's leading result: best variant, its median % of roof, its speedup over the
-    baseline (level-2 weighted geomean, else the median level-1 speedup), and where that was measured."""
+def outcome(entry: Entry, stored: StoredResult | None = None) -> dict:
+    """The headline of a case's result (its leading one unless given): best variant, its median % of roof, its
+    speedup over the baseline (level-2 weighted geomean, else the median level-1 speedup), and where that was
+    measured."""
     none = {"best": "–", "roof": "–", "speedup": "–", "on": "", "headline": None}
-    if not entry.results:
+    stored = stored or (entry.results[0] if entry.results else None)
+    if stored is None:
         return none
-    stored = entry.results[0]
     best = best_variant(entry, stored)
     if best is None:
         return {**none, "on": stored.slug}
@@ -308,6 +309,27 @@ def outcome(entry: Entry) -> dict:
     speedup = "baseline" if best == entry.case.kernel.baseline else text.times(geo)
     return {"best": best, "roof": roof, "speedup": speedup, "on": stored.slug,
             "headline": f"{roof} of roof, {speedup} over {entry.case.kernel.baseline}"}
+
+
+def card(entry: Entry, page: str) -> dict:
+    """A home-page card: what the case claims (its claims' states, the hardware they name) and where it stands
+    there: the headline of its result on that hardware, never a rung measured elsewhere (a CPU's)."""
+    named = sorted({slug for c in entry.case.claims for slug in c.hardware or []})
+    home = next((r for r in entry.results if (r.slug in named if named else True) and not r.stale), None)
+    states = [c["state"] for c in claim_states(entry)]
+    return {**case_row(entry, page), **outcome(entry, home), "baseline": entry.case.kernel.baseline,
+            "named": ", ".join(named) or "any machine", "measured": home is not None,
+            "unstable": bool(home and unstable_words(home.result)),
+            "elsewhere": ", ".join(r.slug for r in entry.results if r is not home),
+            "claims_total": len(states), "claims_tally": _tally(states)}
+
+
+def _tally(states: list[str]) -> list[tuple[str, str]]:
+    """(css class, words) for each claim state present: `✓ 2 held`, `✗ 1 missed`, `3 not yet measured`."""
+    words = {"held": ("cb-held", "✓ {} held"), "missed": ("cb-failed", "✗ {} missed"),
+             "unmeasured": ("cb-na", "{} not yet measured")}
+    return [(words[s][0], words[s][1].format(states.count(s))) for s in ("held", "missed", "unmeasured")
+            if s in states]
 
 
 CLAIM_STATES = ("missed", "held", "unmeasured")
