@@ -3,7 +3,7 @@
 from pathlib import Path
 from types import SimpleNamespace
 
-from casebook.render import outlook
+from casebook.render import outlook, text
 from casebook.render.book import Book, Entry, load_book
 from tests.test_history import repo  # noqa: F401  (the throw-away repository fixture)
 
@@ -46,4 +46,24 @@ def test_a_case_page_has_a_projected_tab_per_registry_gpu_without_a_result():
     [b200] = [t for t in outlook.case_projections(entry, book) if t["slug"] == "nvidia-b200"]
     [h200] = [r for r in entry.results if r.slug == "nvidia-h200"]
     timed = [p for p in h200.result.kernel_level if p.status == "ok" and p.regime]
-    assert len(b200["points"]) == len(timed) and all(r["band"] != "–" for r in b200["points"])
+    assert len(b200["points"]) == len(timed)
+    assert all(r["optimistic"] != "–" and r["pessimistic"] != "–" for r in b200["points"])
+
+
+def test_a_projected_tab_shows_both_edges_and_names_the_cap_once():
+    from casebook.projection import BOUNDS
+    from casebook.render.pages import case_page
+
+    book = load_book(Path("cases"), Path("results"))
+    entry = book.get("softmax_fusion")
+    section = case_page(entry, book, {}).split("## Projected on other GPUs", 1)[1]
+    tabs = section.split('=== "')[1:]
+    for target in outlook.case_projections(entry, book):
+        [tab] = [t for t in tabs if t.startswith(f"{target['name']} (projected)")]
+        assert "| Projected: optimistic | Pessimistic |" in tab
+        for regime in target["bounds"]:
+            assert tab.count(text.esc(BOUNDS[regime])) == 1  # once above the table, never on each row
+        rows = [r for r in tab.splitlines() if r.strip().startswith("| ") and "µs" in r]
+        assert len(rows) == len(target["points"]) and all(r.count("µs") == 3 for r in rows)  # source, both edges
+        assert ("the two edges meet at every point" in tab) == target["edges_meet"]
+    assert any(t["edges_meet"] for t in outlook.case_projections(entry, book))  # a slower GPU: one time, said so

@@ -318,6 +318,24 @@ def test_the_roofline_labels_bf16_and_fp16_with_their_own_measured_numbers(tmp_p
     assert "measured roof" in labels and "datasheet roof" in labels  # the legend tells the line styles apart
 
 
+def test_the_level3_legend_names_every_fill_its_bars_use():
+    from matplotlib.colors import to_hex
+
+    from casebook.render import plots
+
+    data = {"hardware": "H", "baseline": "torch_softmax", "variant": "triton_online", "baseline_us": 354.9,
+            "variant_us": 300.0, "kernel_share": 0.2753, "kernel_speedup": 1.8, "color_base": plots.BASELINE_GREY,
+            "color_variant": plots.PALETTE[0]}
+    ax = plots.amdahl_figure(data).axes[0]
+
+    def fills(patches) -> set:
+        return {(to_hex(p.get_facecolor()), to_hex(p.get_edgecolor()) if p.get_hatch() else None,
+                 str(p.get_hatch()) if p.get_hatch() else None) for p in patches}
+
+    assert fills(ax.patches) == fills(ax.get_legend().legend_handles)
+    assert len(fills(ax.patches)) == 4  # the baseline's kernel, the variant's, everything else, the measurement
+
+
 def test_the_claims_page_lists_open_claims_first_with_their_numbers(tmp_path: Path, plot_cache: Path):
     def forge_one_claim(doc: dict) -> None:
         """The stored result has no point of the claim's variant (cluster_bulk came after it); its verdict is

@@ -51,16 +51,22 @@ def case_projections(entry: Entry, book: Book) -> list[dict]:
         except ProjectionError:
             continue
         out.append({"slug": target, "name": spec["name"], "basis": roofs.basis, "source": source.hardware_name,
-                    "rows": _variant_rows(points, best_variant(entry, source)), "points": _point_rows(points)})
+                    "rows": _variant_rows(points, best_variant(entry, source)), "points": _point_rows(points),
+                    "bounds": {p.regime: p.bound for p in points},
+                    "edges_meet": all(_edges_meet(p) for p in points)})
     return out
 
 
+def _edges_meet(p: Projection) -> bool:
+    """Whether the band is one time: the target's roofs bind before the per-SM cap does."""
+    return math.isclose(p.optimistic_us, p.pessimistic_us, rel_tol=5e-3)
+
+
 def _point_rows(points: list[Projection]) -> list[dict]:
-    """Every projected level-1 point, as the case page's projected tab lists it."""
+    """Every projected level-1 point, as the case page's projected tab lists it: both edges of its band."""
     return [{"shape": text.shape_short(p.shape), "variant": p.variant, "dtype": p.dtype, "source": text.us(p.source_us),
-             "band": (text.us(p.optimistic_us) if math.isclose(p.optimistic_us, p.pessimistic_us, rel_tol=5e-3)
-                      else f"{text.num(p.optimistic_us)}–{text.us(p.pessimistic_us)}"),
-             "regime": p.regime, "bound": p.bound} for p in points]
+             "optimistic": text.us(p.optimistic_us), "pessimistic": text.us(p.pessimistic_us), "regime": p.regime}
+            for p in points]
 
 
 def _variant_rows(points: list[Projection], best: str | None) -> list[dict]:

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator, PercentFormatter  # noqa: E402
 
 from casebook.roofline import ridge_point  # noqa: E402
@@ -319,6 +320,15 @@ def speedups(data: dict) -> bytes:
 
 def amdahl(data: dict) -> bytes:
     """Level 3: the baseline split into kernel and rest, the Amdahl prediction, the measurement."""
+    return _svg(amdahl_figure(data))
+
+
+REST_GREY = "#d9dde2"
+
+
+def amdahl_figure(data: dict) -> Figure:
+    """The Amdahl picture; its legend names every fill its bars use (kernel of each variant, the rest, the
+    measurement)."""
     base, share, k = data["baseline_us"], data["kernel_share"], data["kernel_speedup"]
     kernel, rest = base * share, base * (1 - share)
     fig = Figure(figsize=(10.5, 2.1))
@@ -329,26 +339,29 @@ def amdahl(data: dict) -> bytes:
     ]
     for y, (label, kpart, rpart, color) in enumerate(rows):
         ax.barh(y, kpart, color=color, height=0.6, zorder=3)
-        ax.barh(y, rpart, left=kpart, color="#d9dde2", height=0.6, zorder=3)
+        ax.barh(y, rpart, left=kpart, color=REST_GREY, height=0.6, zorder=3)
         total = kpart + rpart
         note = "" if y == 0 else f"  ({base / total:.2f}×)"
         ax.annotate(f"{total:,.4g} µs{note}", (total, y), xytext=(4, 0), textcoords="offset points",
                     va="center", fontsize=8)
+    legend = [Patch(facecolor=data["color_base"], label=f"kernel: {data['baseline']}"),
+              Patch(facecolor=data["color_variant"], label=f"kernel: {data['variant']} (Amdahl)"),
+              Patch(facecolor=REST_GREY, label="everything else")]
     if data.get("variant_us"):
         v = data["variant_us"]
-        ax.barh(2, v, color="white", edgecolor=data["color_variant"], hatch="////", height=0.6, zorder=3)
+        measured = dict(facecolor="white", edgecolor=data["color_variant"], hatch="////")
+        ax.barh(2, v, height=0.6, zorder=3, **measured)
         ax.annotate(f"{v:,.4g} µs  ({base / v:.2f}×)", (v, 2), xytext=(4, 0), textcoords="offset points",
                     va="center", fontsize=8, fontweight="bold")
+        legend.append(Patch(**measured, label=f"measured end to end: {data['variant']}"))
     ax.set_yticks([0, 1, 2], [rows[0][0], rows[1][0], f"measured ({data['variant']})"])
     ax.invert_yaxis()
     ax.set_xlabel("µs per call of the end-to-end scenario")
     ax.grid(axis="y", visible=False)
     ax.set_xlim(0, max(base, data.get("variant_us") or 0) * 1.25)
-    ax.legend(handles=[Line2D([], [], color=data["color_variant"], lw=6, label="the kernel's share"),
-                       Line2D([], [], color="#d9dde2", lw=6, label="everything else")],
-              loc="lower right", ncol=2, bbox_to_anchor=(1, 1.0))
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(f"Level 3 · end to end · {data['hardware']}")
-    return _svg(fig)
+    return fig
 
 
 def atlas(data: dict) -> bytes:
