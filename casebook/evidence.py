@@ -17,7 +17,7 @@ from pathlib import Path
 
 from casebook.claims import evaluate, pair_key
 from casebook.judge import launch_count
-from casebook.roofline import FasterThanPhysics, Roofs, place
+from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, place
 
 MAX_BYTES = 32 * 2**20
 """The largest result file read (the stored ones are a few hundred KB)."""
@@ -90,8 +90,7 @@ def point_problems(p: dict, measured: dict, link_gbps: float | None = None) -> l
                 f"({ranks})"]
     if not (_finite(p.get("flops")) and _finite(p.get("bytes")) and p["flops"] >= 0 and p["bytes"] >= 0):
         return [f"{_label(p)}: no traffic (FLOPs and bytes) to place it by"]
-    matmul = measured.get("matmul_tflops") or {}
-    compute = matmul.get(p.get("dtype"), matmul.get("fp32"))
+    compute = compute_roof(measured.get("matmul_tflops") or {}, p.get("dtype"))
     roofs = {"compute_tflops": compute, "bandwidth_gbps": measured.get("copy_gbps"),
              "launch_us": measured.get("launch_us"), "graph_launch_us": measured.get("graph_launch_us") or 0.0}
     if not all(_finite(v) and (v > 0 or k == "graph_launch_us") for k, v in roofs.items()):

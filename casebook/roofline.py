@@ -127,6 +127,21 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
     )
 
 
+UPCAST = frozenset({"bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2"})
+"""Dtypes whose arithmetic can always be done in fp32 instead (their values upcast): fp32's rate is theirs too."""
+
+
+def compute_roof(matmul_tflops: dict, dtype: str) -> float | None:
+    """The compute roof of a point in `dtype`: the measured matmul rate in that dtype, or fp32's where the dtype's
+    own is lower or not measured and its arithmetic can run in fp32 (`UPCAST`; a CPU's fp16 matmul, with no fast
+    path, ran at 0.003 TFLOP/s where its fp16 softmax upcasts to fp32 and runs at fp32's rate); fp32's where
+    nothing of the dtype was measured."""
+    own, fp32 = matmul_tflops.get(dtype), matmul_tflops.get("fp32")
+    if own is None:
+        return fp32
+    return max(own, fp32) if dtype in UPCAST and fp32 is not None else own
+
+
 CEILINGS_APART = 0.20
 """Two results under one hardware name whose measured ceilings differ by more than this (the larger over
 the smaller, less one) were measured on different machines, or one of them on a disturbed one: a GPU's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import json
 import math
 import os
 import re
@@ -28,7 +29,8 @@ from casebook.measure import work as measure_work
 from casebook.oracle import OracleTask
 from casebook.oracle import work as oracle_work
 from casebook.provenance import case_sha256, imported_closure, kernel_path, kernel_sha256, measurement_sha256
-from casebook.schema import RESULT_SCHEMA_VERSION, Case, Result, Variant, shape_label
+from casebook.roofline import compute_roof
+from casebook.schema import RESULT_SCHEMA_VERSION, Case, ClaimPairedTiming, Point, Result, Variant, shape_label
 from casebook.traffic import INTENSITY_TOLERANCE
 
 Progress = Callable[[str, dict], None]
@@ -47,7 +49,7 @@ def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
 
 
 def _roofs(ceilings: dict, dtype: str, link_gbps: float | None = None) -> dict:
-    roofs = {"compute_tflops": ceilings["matmul_tflops"].get(dtype, ceilings["matmul_tflops"]["fp32"]),
+    roofs = {"compute_tflops": compute_roof(ceilings["matmul_tflops"], dtype),
              "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
              "graph_launch_us": ceilings["graph_launch_us"], "busy": bool(ceilings.get("unstable"))}
     if link_gbps:
@@ -362,18 +364,47 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
             if task.kind == "point" and reuse and key in reuse:
                 payload = {**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}}
             elif task.kind == "pair":
-                payload = judge.pair(variant.request(task, timeout_s))
+                payload = _sound(task, lambda: judge.pair(variant.request(task, timeout_s)), variant)
             elif task.kind == "end_to_end":
-                raw = variant.request(task, timeout_s)
-                payload = {**judge.end_to_end(raw, task.dtype), "harness": {
-                    "wall_s": time.perf_counter() - t0,
-                    "timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
+                payload = _sound(task, lambda: _scenario(task, variant, timeout_s, t0), variant)
             else:
-                payload = _point(task, variant, answers, timeout_s, loaded, t0)
+                payload = _sound(task, lambda: _point(task, variant, answers, timeout_s, loaded, t0), variant)
             out.append(payload)
             if on_done is not None:
                 on_done(i, payload)
     return out
+
+
+MALFORMED = (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
+"""What judging a child's answer raises where the answer is not in the shape the harness sends (a forged message
+the transport could not tell from a true one: right framing, wrong contents)."""
+
+
+def _sound(task: Task, judged: Callable[[], dict], variant: Worker) -> dict:
+    """The record `judged()` makes of a task, where the child's answer makes one: judged without an exception, and
+    a valid record (the result's model) of finite numbers. Else the task crashed, with why, and its child is
+    replaced: a child that sent a forged answer may still send the true one, which must not answer the next task.
+    A malformed answer ends its own task, never the run."""
+    try:
+        payload = judged()
+        json.dumps(payload, allow_nan=False)  # every number finite: a stored result is strict JSON
+        if task.kind == "point":
+            Point.model_validate({"variant": task.variant, "shape": task.shape, "dtype": task.dtype, **payload})
+        elif task.kind == "pair" and payload.get("status") == "ok":
+            ClaimPairedTiming.model_validate({"shape": task.shape, "dtype": task.dtype, **payload})
+        return payload
+    except MALFORMED as e:
+        variant.close()
+        return {"status": "crashed", "error": f"the child's answer does not make a record ({type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:200] if str(e) else ''})"}
+
+
+def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> dict:
+    """The scenario timed with the variant (level 3), judged, with what it cost."""
+    raw = variant.request(task, timeout_s)
+    return {**judge.end_to_end(raw, task.dtype), "harness": {
+        "wall_s": time.perf_counter() - t0,
+        "timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
 
 
 def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, loaded: set | None, t0: float) -> dict:

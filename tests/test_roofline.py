@@ -146,3 +146,15 @@ def test_a_link_bound_point_is_bandwidth_bound_at_the_links_floor():
     assert p.roof_fraction == pytest.approx(0.5)
     with pytest.raises(FasterThanPhysics, match="over the link"):
         place(flops=1e6, bytes_moved=5e7, launches=1, median_us=50.0, roofs=LINKED, link_bytes=1e7)
+
+
+def test_a_dtype_computable_in_fp32_is_placed_under_the_higher_of_the_two_rates():
+    """The compute roof: the dtype's own matmul rate, or fp32's where the dtype can upcast and its own is lower
+    (a CPU's fp16 GEMM has no fast path: 0.003 TFLOP/s, while its fp16 softmax runs in fp32) or unmeasured."""
+    from casebook.roofline import compute_roof
+
+    cpu = {"fp32": 0.18, "fp64": 0.08, "bf16": 0.42, "fp16": 0.003}
+    assert compute_roof(cpu, "fp16") == 0.18 and compute_roof(cpu, "bf16") == 0.42
+    assert compute_roof(cpu, "fp64") == 0.08, "fp64 cannot run in fp32: its own rate"
+    assert compute_roof(cpu, "tf32") == 0.18, "not measured: fp32's"
+    assert compute_roof({"fp32": 51.0, "bf16": 800.0}, "bf16") == 800.0
