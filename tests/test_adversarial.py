@@ -48,12 +48,17 @@ CAUGHT = {
     "zero_row": "worst row off by",
     "partial_write": None,
 }
+FORGED = {
+    # an answer forged in the child's process, bypassing the harness: words its error must hold
+    "forges_calls_as_a_dict": "does not make a record",
+    "forges_a_deep_header": "could not be received (RecursionError",
+}
 HARMLESS = ("honest", "stack_inspection", "grandchild", "prints")
 """Variants that return the honest answer (stack_inspection: because every call's stack is the same)."""
 
 
 def attacks_case() -> str:
-    variants = "\n".join(f"    - {{name: {n}, note: \"{n}\", backends: [cpu]}}" for n in (*HARMLESS, *CAUGHT))
+    variants = "\n".join(f"    - {{name: {n}, note: \"{n}\", backends: [cpu]}}" for n in (*HARMLESS, *CAUGHT, *FORGED))
     return f"""\
 schema_version: 1
 id: attacks
@@ -128,6 +133,16 @@ def test_attack_is_caught(attacked, name):
         assert p.correct is False and p.median_us is None, p
     if CAUGHT[name]:  # at the level-1 point (16384 rows: one zero row is about 1% of the norm, under bf16's 2%)
         assert CAUGHT[name] in point(result, name).error, point(result, name).error
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+def test_a_forged_answer_crashes_its_point_and_the_run_goes_on(attacked, name):
+    """A malformed answer (a dict where a list belongs, a header nested past any parser's depth) ends its own
+    point with why, never the run."""
+    result, marks, _ = attacked
+    assert (marks / name).exists(), f"{name} never forged: the test proves nothing"
+    p = point(result, name)
+    assert p.status == "crashed" and FORGED[name] in p.error, p
 
 
 @pytest.mark.parametrize("name", HARMLESS)

@@ -543,3 +543,28 @@ def test_a_variant_child_started_ahead_is_handed_over_started():
     proc = worker.proc
     worker.release()
     assert not proc.is_alive()
+
+
+@pytest.mark.parametrize("payload, why", [
+    ({"status": "ok", "median_us": float("inf")}, "ValueError"),  # a stored result is strict JSON
+    ({"status": "ok", "interference": {"window_s": "long"}}, "ValidationError"),  # not the record's shape
+    ({"status": "ok", "first_call_s": [1]}, "ValidationError"),
+])
+def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(payload, why):
+    """`run._sound`: a judged payload with a number that is not finite, or a field not of the record's type,
+    fails its own task (the child closed, so a true answer that follows cannot answer the next task)."""
+    from casebook import run as run_mod
+    from casebook.measure import Task
+
+    closed = []
+
+    class Child:
+        def close(self):
+            closed.append(True)
+
+    task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
+                device="cpu", timed=True, seed=1, protocol={})
+    out = run_mod._sound(task, lambda: payload, Child())
+    assert out["status"] == "crashed" and why in out["error"] and closed == [True]
+    ok = {"status": "checked", "correct": True, "max_rel_err": 0.0}
+    assert run_mod._sound(task, lambda: ok, Child()) == ok and closed == [True]
