@@ -228,7 +228,7 @@ def ceilings(remeasure: bool = False) -> dict:
             cached = {}
         if (isinstance(cached, dict) and cached.get("version") == CEILINGS_VERSION
                 and cached.get("torch") == torch.__version__ and not cached.get("unstable")
-                and not ceilings_implausible(cached, ident)):
+                and cached_valid(cached) and not ceilings_implausible(cached, ident)):
             return cached
     measure = measure_gpu if ident["kind"] == "gpu" else measure_cpu
     measured: dict = {}
@@ -294,6 +294,20 @@ def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
     if not all(isinstance(r, (int, float)) and r > 0 and r == r and r != float("inf") for r in rates):
         return ["a ceiling is not a positive number"]
     return ceilings_problems({"measured": measured, "datasheet": ident.get("datasheet") or {}})
+
+
+def cached_valid(cached: dict) -> bool:
+    """Whether a cached file is ceilings as a result records them (the cache is a file any process of the user can
+    write: one with a key of its own, or a rate that is not a number, is measured again, not believed)."""
+    from pydantic import ValidationError
+
+    from casebook.schema import Ceilings
+
+    try:
+        Ceilings.model_validate(cached)
+    except ValidationError:
+        return False
+    return True
 
 
 def best_of(a: dict, b: dict) -> dict:

@@ -60,7 +60,8 @@ def runs_dir() -> Path:
 
 
 def run_path(runs: Path, result: Result) -> Path:
-    """`<runs>/<hardware-slug>/<case-id>/<UTC start, 20261202T070430Z>.json`: one file per run."""
+    """`<runs>/<hardware-slug>/<case-id>/<UTC start, 20261202T070430.123456Z>.json`: one file per run (its start
+    to the microsecond; older runs' to the second)."""
     stamp = result.started_at.replace("-", "").replace(":", "").replace("+0000", "Z")
     return Path(runs) / result.hardware.slug / result.case_id / f"{stamp}.json"
 

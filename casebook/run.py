@@ -141,7 +141,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     since = time.time()
     run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu,
            "command": command_line(Path(path), only, quick, counters, argv), "argv": argv,
-           "started": resume.started_at if parts else _now(), "resumed": parts,
+           "started": resume.started_at if parts else _now("microseconds"), "resumed": parts,
            "sources": sources, "ceilings": ceilings or hardware.ceilings(), "loaded": set(),
            "env": hardware.environment(), "reuse": reuse}
     run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
@@ -636,8 +636,10 @@ def _kernel_file(module: str) -> Path:
     return Path(spec.origin) if spec and spec.origin else kernel_path(module)
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+def _now(timespec: str = "seconds") -> str:
+    """UTC now, ISO 8601. A run's start to the microsecond: it names the run's file (`results.run_path`), and two
+    runs of a case started in the same second are two runs."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec=timespec)
 
 
 def failed(result: Result) -> bool:

@@ -740,7 +740,7 @@ class MeasuredLink(Record):
 class Hardware(Record):
     """The machine that ran: its name, its datasheet entry, the ceilings measured on it."""
 
-    slug: str = Field(description="The hardware's name in results/ (with `-x<devices>` over one device).")
+    slug: HardwareSlug = Field(description="The hardware's name in results/ (with `-x<devices>` over one device).")
     name: str = Field(description="The device's name (a CPU's model name).")
     kind: Literal["gpu", "cpu"] = Field(description="gpu or cpu.")
     datasheet: Datasheet | None = Field(default=None, description="The registry's entry, where one matches.")
@@ -964,7 +964,7 @@ class Result(Record):
     """What one `casebook run` measured, with everything needed to trust and reproduce it."""
 
     schema_version: int = Field(description="Version of the result format.")
-    case_id: str = Field(description="The case measured.")
+    case_id: Ident = Field(description="The case measured (a file name in results/, never a path).")
     case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
     kernel_file: str | None = Field(default=None, description="The kernel module's file name, in the kernels package.")
     kernel_sha256: str = Field(description="sha256 hex of the kernel module file's bytes (with every kernel module it "

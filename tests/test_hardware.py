@@ -147,3 +147,18 @@ def test_the_ceilings_say_whether_they_were_measured_now_or_read_from_the_cache(
     assert said.startswith(f"read from the cache {tmp_path / 'ceilings-cpu-x-2c-24g.json'}")
     assert "measured 2026-12-01T00:00:00+00:00 in 4.5 s" in said and "--remeasure" in said
     assert "at an unrecorded time" in hardware.provenance_of({}, now), "an older cache: it says it does not know"
+
+
+@pytest.mark.parametrize("tamper", [{"by_the_variant": True}, {"copy_gbps": "fast"}, {"matmul_tflops": [1.0]}])
+def test_a_cache_that_is_not_ceilings_is_measured_again_not_believed(tmp_path, monkeypatch, tamper):
+    """The cache is a file any process of the user can write (a variant's child among them): one with a key of its
+    own or a rate of the wrong type once ended every later run with a ValidationError; now it is measured again."""
+    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
+    monkeypatch.setattr(hardware.stability, "reasons", lambda point, device: [])
+    monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(13.0))
+    hardware.ceilings()
+    cache = tmp_path / "ceilings-cpu-toy.json"
+    cache.write_text(json.dumps({**json.loads(cache.read_text()), **tamper}))
+    monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(14.0))
+    assert hardware.ceilings()["copy_gbps"] == 14.0

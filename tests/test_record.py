@@ -103,3 +103,20 @@ def test_the_main_command_in_a_fresh_clone_leaves_the_work_tree_clean(tmp_path):
     assert json.loads(stored.read_text()) == json.loads(kept.read_text()), "the stored result is untouched"
     assert casebook("record", str(slower), "--force").returncode == 0
     assert json.loads(stored.read_text())["kernel_level"] == json.loads(slower.read_text())["kernel_level"]
+
+
+@pytest.mark.parametrize("field, value", [("case_id", "../../outside"), ("slug", "../outside")])
+def test_a_run_naming_a_path_is_refused_and_nothing_is_written(tmp_path, cli, field, value):
+    """`casebook record` of a run whose case id or hardware name holds `../`: refused as no result (a name, never
+    a path), exit 2, nothing written anywhere under the folder it would have escaped to."""
+    doc = json.loads(FIXTURE.read_text())
+    if field == "slug":
+        doc["hardware"]["slug"] = value
+    else:
+        doc["case_id"] = value
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(doc))
+    results_dir = tmp_path / "book" / "results"
+    result = cli("record", str(run), "--results", str(results_dir))
+    assert result.exit_code == 2 and "cannot record" in result.output
+    assert not [p for p in tmp_path.rglob("*.json") if p != run]

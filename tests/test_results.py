@@ -235,3 +235,17 @@ def test_a_record_is_read_by_attribute_and_dumps_the_keys_it_was_stored_with():
     assert not any(hasattr(r.hardware, name) for name in ("get", "keys", "items", "values"))
     with pytest.raises(TypeError):
         r.hardware["measured"]
+
+
+def test_two_runs_started_in_the_same_second_are_kept_apart():
+    """A run's start names its kept file to the microsecond: two runs of a case started in one second (a pool's
+    retry, a script) do not overwrite one another."""
+    import re
+
+    from casebook import run
+
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", run._now("microseconds"))
+    hw = type("H", (), {"slug": "cpu-x"})()
+    paths = {results.run_path(Path("runs"), Result.model_construct(started_at=s, hardware=hw, case_id="c"))
+             for s in ("2026-12-04T13:13:54.000001+00:00", "2026-12-04T13:13:54.000002+00:00")}
+    assert len(paths) == 2 and all(p.name.endswith("Z.json") for p in paths)
