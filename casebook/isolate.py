@@ -68,7 +68,7 @@ def _contain(token: str) -> None:
     os.environ[TOKEN_ENV] = token
 
 
-def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: int) -> None:
+def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: int, spill: bool = True) -> None:
     global _conn
     _contain(token)
     if os.getppid() != parent:  # the parent died before the death signal was armed
@@ -99,7 +99,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
                 outbox = None
                 payload = {**payload, "crossing_error": f"{type(e).__name__}: {e}"[:300]}
             try:
-                frames = split({"done": payload}, Spill(token), outbox)
+                frames = split({"done": payload}, Spill(token) if spill else None, outbox)
             except NeedRoom as e:  # a growable loan too small: ask for more, keep the answer meanwhile
                 send(conn, {"room": e.bytes})
                 try:
@@ -129,8 +129,12 @@ class Worker:
     that its tensors on that device cross without leaving it; None: everything crosses the host."""
 
     def __init__(self, worker: Callable[[Any], dict], env: dict | None = None, startup_s: float = 120.0,
-                 arena=None):
+                 arena=None, spill: bool = True):
         self.worker, self.env, self.startup_s, self.arena = worker, dict(env or {}), startup_s, arena
+        self.spill = spill
+        """Whether the child may send large tensors through files of its own (`transport.Spill`). The reference's
+        child may not: a file in shared memory is readable by every process of the user, a variant's among them,
+        so its answers cross the host down the pipe alone (or, on a GPU, in device memory)."""
         self.proc = self.conn = None
         self.token = ""
         self.receive_s = 0.0
@@ -146,8 +150,8 @@ class Worker:
     def _start(self) -> dict | None:
         self.token = secrets.token_hex(16)
         parent, child = _ctx.Pipe(duplex=True)
-        self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid()),
-                                 daemon=True)
+        self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid(),
+                                                      self.spill), daemon=True)
         try:
             self.proc.start()
         except BaseException:
@@ -173,7 +177,7 @@ class Worker:
             if not self.conn.poll(limit_s):
                 raise TimeoutError
             t0 = time.perf_counter()
-            message = receive(self.conn, deadline, token=self.token, arena=self.arena)
+            message = receive(self.conn, deadline, token=self.token if self.spill else "", arena=self.arena)
             self.receive_s = time.perf_counter() - t0
             return message
         except TimeoutError:

@@ -160,7 +160,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     arena, run["crossing"] = transport.arena_for(device)
     progress("note", {"message": f"crossing: {run['crossing']}"})
     oracle_env = variant_env(interpreted=False, devices=case.kernel.devices)
-    with Worker(oracle_work, oracle_env, arena=arena) as oracle:  # one oracle: it runs no variant
+    with Worker(oracle_work, oracle_env, arena=arena, spill=False) as oracle:  # one oracle: it runs no variant
         run["answers"] = Answers(oracle, timeout_s, default_budget(device))
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
     if parts:  # the points the resumed session kept: those of its plan, not every one the kept run held
@@ -352,7 +352,7 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
     if not tasks:
         return out
     if answers is None:
-        with Worker(oracle_work, env, arena=transport.arena_for(tasks[0].device)[0]) as oracle:
+        with Worker(oracle_work, env, arena=transport.arena_for(tasks[0].device)[0], spill=False) as oracle:
             return execute(tasks, timeout_s=timeout_s, env=env, on_done=on_done, loaded=loaded, reuse=reuse,
                            answers=Answers(oracle, timeout_s, default_budget(tasks[0].device)))
     if worker is None:

@@ -428,13 +428,17 @@ def _read_spilled(name, buf, token: str) -> None:
     if not (d and token and isinstance(name, str) and re.fullmatch(f"casebook-{token}-[0-9]+", name)):
         raise BadMessage(f"a spilled tensor names a file that is not this child's: {str(name)[:80]!r}")
     path = os.path.join(d, name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # never blocks: a FIFO in the file's place opens at once, and is refused below
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         raise BadMessage(f"a spilled tensor's file cannot be read ({e.strerror})") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != buf.numel():
+        if not stat.S_ISREG(st.st_mode):
+            raise BadMessage("a spilled tensor's file is not a regular file")
+        if st.st_nlink != 1:  # a hard link to a file of another's (another child's answers, say)
+            raise BadMessage("a spilled tensor's file has another name too")
+        if st.st_size != buf.numel():
             raise BadMessage(f"a spilled tensor's file holds {st.st_size} bytes where its header says {buf.numel()}")
         with os.fdopen(fd, "rb", closefd=False) as f:
             if buf.numel() and f.readinto(buf.numpy()) != buf.numel():

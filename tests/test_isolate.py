@@ -290,3 +290,49 @@ def test_a_child_started_ahead_answers_its_first_request():
         pid = w.proc.pid
         assert w.request("a", timeout_s=30)["pid"] == pid
         assert w.start() is None and w.proc.pid == pid, "started once"
+
+
+def test_a_fifo_in_place_of_a_spilled_file_is_refused_at_once(tmp_path, monkeypatch):
+    """A child that names a FIFO as its output's file: the parent's open would wait for a writer with no deadline;
+    it opens without waiting and refuses what is not a regular file."""
+    import time
+
+    from casebook.transport import BadMessage, receive
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    os.mkfifo(tmp_path / "casebook-abc-1")
+    header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16], "files": ["casebook-abc-1"]}
+    t0 = time.monotonic()
+    with pytest.raises(BadMessage, match="not a regular file"):
+        receive(_frames(header), time.monotonic() + 5, token="abc")
+    assert time.monotonic() - t0 < 2
+
+
+def test_a_spilled_file_with_another_name_too_is_refused(tmp_path, monkeypatch):
+    """A hard link to another's file (the reference child's answers, had they been spilled) named as the child's
+    own output: refused."""
+    import time
+
+    from casebook.transport import BadMessage, receive
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    (tmp_path / "someone-elses").write_bytes(b"\0" * 16)
+    os.link(tmp_path / "someone-elses", tmp_path / "casebook-abc-1")
+    header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16], "files": ["casebook-abc-1"]}
+    with pytest.raises(BadMessage, match="another name"):
+        receive(_frames(header), time.monotonic() + 5, token="abc")
+
+
+def test_a_child_that_may_not_spill_sends_everything_down_the_pipe(tmp_path, monkeypatch):
+    """`Worker(spill=False)` (the reference's child): a large answer crosses the pipe, never a file any process of
+    the user could read or replace; a file the child writes itself is cleared when it ends."""
+    import torch
+
+    from casebook.isolate import Worker
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    with Worker(worker, spill=False) as w:
+        big = w.request("large", timeout_s=30)
+        assert torch.equal(big["x"], torch.arange(2**19, dtype=torch.float32))
+        assert w.request("spill then die", timeout_s=30)["status"] == "crashed"
+    assert list(tmp_path.iterdir()) == []
