@@ -318,6 +318,45 @@ def test_the_roofline_labels_bf16_and_fp16_with_their_own_measured_numbers(tmp_p
     assert "measured roof" in labels and "datasheet roof" in labels  # the legend tells the line styles apart
 
 
+def overprinted(ax, labels: list) -> list[tuple[str, str]]:
+    """Pairs of a label and another text of the axes whose boxes overlap on the drawn figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(ax.figure).get_renderer()
+    boxes = {t: t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text()}
+    return [(a.get_text(), b.get_text()) for a in labels for b in boxes
+            if a is not b and boxes[a].overlaps(boxes[b])]
+
+
+def test_labels_on_the_atlas_never_overprint():
+    from casebook.render import plots
+
+    crowd = [("gemm_tiled", 960.0, 700.0), ("gemm_epilogue", 900.0, 690.0), ("gemm_grouped", 800.0, 680.0),
+             ("attention_decode", 8.0, 32.0), ("softmax_fusion", 1.2, 4.8), ("rmsnorm", 1.1, 4.5)]
+    data = {"hardware": "GPU", "measured": {"bandwidth_gbps": 4270.0, "compute_tflops": {"bf16": 810.0}},
+            "datasheet": {"bandwidth_gbps": 4800.0, "compute_tflops": {"bf16": 989.0}},
+            "points": [{"case": c, "variant": "v", "ai": ai, "tflops": tf} for c, ai, tf in crowd]}
+    ax = plots.atlas_figure(data).axes[0]
+    names = [t for t in ax.texts if t.get_text() in {c for c, _, _ in crowd}]
+    assert len(names) == len(crowd) and not overprinted(ax, names)
+
+
+def test_the_shapes_labels_on_a_roofline_never_overprint():
+    """Two shapes at two dtypes: four ceiling ticks close together (rmsnorm on a CPU), each label legible."""
+    from casebook.render import plots
+
+    ticks = [("64×4096", "bf16", 0.992, 0.0314), ("64×4096", "fp32", 0.496, 0.0157),
+             ("2×40000", "bf16", 0.800, 0.0253), ("2×40000", "fp32", 0.400, 0.0127)]
+    data = {"hardware": "CPU", "variants": ["eager", "torch_rms_norm"], "baseline": "torch_rms_norm",
+            "measured": {"bandwidth_gbps": 31.6, "compute_tflops": {"bf16": 0.389, "fp32": 0.389}},
+            "datasheet": None, "shapes": ["64×4096", "2×40000"],
+            "points": [{"variant": v, "dtype": d, "shape": s, "ai": ai, "tflops": ceil / 30, "ceiling_tflops": ceil,
+                        "roof_fraction": 1 / 30} for s, d, ai, ceil in ticks for v in ("eager", "torch_rms_norm")]}
+    left = plots.roofline_figure(data).axes[0]
+    shapes = [t for t in left.texts if t.get_text() in {"64×4096", "2×40000"}]
+    assert len(shapes) == 4 and not overprinted(left, shapes)
+
+
 def test_the_level3_legend_names_every_fill_its_bars_use():
     from matplotlib.colors import to_hex
 
@@ -492,3 +531,43 @@ def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():
     machines = Book(entries).hardware()  # type: ignore[arg-type]
     name = fixture["hardware"]["slug"]
     assert machines == {name: [a, c], f"{name}-2": [b]}
+
+
+def test_two_machines_of_one_name_get_headings_of_their_own():
+    """One CPU model as one device and as two (a multi-device run), and again on a second host: no two
+    headings of the atlas, hardware and browse pages read the same."""
+    from types import SimpleNamespace
+
+    from casebook.render.book import Book, StoredResult
+    from casebook.render.views import machine_titles
+    from casebook.schema import Hardware
+
+    fixture = json.loads((REPO / "tests/fixtures/results/cpu-x86-64-2c/softmax_fusion.json").read_text())
+
+    def stored(slug: str, copy_gbps: float, devices: int = 1) -> StoredResult:
+        topology = {"devices": devices, "backend": "gloo", "link": "loopback"} if devices > 1 else None
+        hw = {**fixture["hardware"], "slug": slug, "name": "AMD EPYC", "topology": topology,
+              "measured": {**fixture["hardware"]["measured"], "copy_gbps": copy_gbps}}
+        return StoredResult(SimpleNamespace(case_id="a", hardware=Hardware.model_validate(hw)),
+                            Path(f"results/{slug}/a.json"))
+
+    results = [stored("cpu-amd", 45.9), stored("cpu-amd-x2", 45.0, devices=2), stored("cpu-amd", 19.3)]
+    titles = machine_titles(Book([SimpleNamespace(results=[r]) for r in results]))  # type: ignore[arg-type]
+    assert titles == {"cpu-amd": "AMD EPYC (cpu-amd)", "cpu-amd-x2": "AMD EPYC × 2", "cpu-amd-2": "AMD EPYC (cpu-amd-2)"}
+
+
+def test_a_case_left_off_the_atlas_is_named_there_with_the_reason(tmp_path: Path):
+    """A copy that does no FLOPs (transpose) has no place on a log FLOP/byte axis: the atlas says so."""
+    from casebook.render import figures, pages
+    from casebook.render.book import Book, load_book
+
+    cases = copy_cases(tmp_path / "cases")
+    entry = load_book(cases, copy_results(tmp_path / "results", cases)).get("softmax_fusion")
+    stored = next(r for r in entry.results if r.slug == "nvidia-h200")
+    assert figures.off_atlas(entry, stored) is None
+    copy = [p.model_copy(update={"flops": 0.0, "tflops": 0.0, "arithmetic_intensity": 0.0})
+            for p in stored.result.kernel_level]
+    stored.result = stored.result.model_copy(update={"kernel_level": copy})
+    assert "does no FLOPs" in figures.off_atlas(entry, stored)
+    page = words(pages.atlas(Book([entry]), {}))
+    assert re.search(r"Not on the chart, though measured here:\s+\[Fused softmax[^\]]*\]\([^)]*\): it does no FLOPs", page)

@@ -119,6 +119,26 @@ def test_search_finds_the_softmax_case(watched):
     assert "cases/softmax_fusion/" in item.first.locator("a").first.get_attribute("href")
 
 
+
+def test_a_shape_typed_right_after_load_finds_its_cases_without_a_worker_error(watched):
+    """The home page's own example, 32768x4096, typed as soon as the page loads (the index built meanwhile): it
+    finds the cases measured at 32768 × 4096, and no keystroke's prefix ("3", "32", ...) fails in the worker."""
+    context, watch, base, _ = watched
+    page = watch.page(context)
+    warnings: list[str] = []
+    page.on("console", lambda m: warnings.append(m.text) if m.type == "warning" else None)
+    page.goto(f"{base}/")
+    page.locator(".md-search__input").click()
+    page.keyboard.type("32768x4096")
+    for case in ("rmsnorm", "rmsnorm_residual", "softmax_fusion"):
+        page.locator(f'.md-search-result__item a[href*="cases/{case}/"]').first.wait_for(timeout=15_000)
+    for digits in ("3", "4", "1", "40", "131072"):
+        page.locator(".md-search__input").fill("")
+        page.keyboard.type(digits)
+        page.locator(".md-search-result__meta", has_text="matching").first.wait_for(timeout=15_000)
+    page.wait_for_timeout(300)
+    assert not [w for w in warnings if "Invalid query" in w or "TypeError" in w], warnings
+
 def test_case_page_shows_the_card_and_the_roofline(watched):
     context, watch, base, _ = watched
     page = watch.page(context)
@@ -246,3 +266,78 @@ def test_the_transfer_graph_links_an_operator_to_the_cases_of_it(watched):
     page.locator(".mermaid svg").first.wait_for(timeout=20_000)
     labels = page.locator(".mermaid svg").first.text_content()
     assert "shown by" in labels and "rms_fixture" in labels
+
+
+# --- layout at a laptop's and a phone's width (issue 49) ------------------------------------------
+
+LAYOUT_PAGES = ["", "cases/", "cases/softmax_fusion/", "browse/claims/", "browse/pattern/", "atlas/", "hardware/",
+                "browse/transfers/", "projections/"]
+
+
+@pytest.fixture(params=[1280, 390], ids=["1280px", "390px"])
+def sized(request, browser, book_site):
+    base, _ = book_site
+    context = browser.new_context(viewport={"width": request.param, "height": 900})
+    watch = Watch(base)
+    watch.attach(context)
+    yield context, watch, base, request.param
+    context.close()
+    assert not watch.offhost and not watch.errors, (watch.offhost, watch.errors)
+
+
+TABLES = """() => [...document.querySelectorAll('article table')].filter(t => t.offsetParent).map(t => {
+    let box = t.parentElement;
+    while (box && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
+    return {head: t.rows[0].innerText.replace(/\\s+/g, ' ').slice(0, 40), width: t.offsetWidth,
+            box: box ? box.clientWidth : null}; })"""
+
+
+def test_no_page_is_wider_than_the_screen_and_a_wide_table_scrolls_in_its_own_box(sized):
+    context, watch, base, width = sized
+    page = watch.page(context)
+    for url in LAYOUT_PAGES:
+        page.goto(f"{base}/{url}")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width, url
+        for t in page.evaluate(TABLES):
+            assert t["box"] is not None and t["box"] <= width, (url, t)  # wider than its box: it scrolls there
+
+
+def test_the_level1_and_all_cases_tables_fit_a_1280px_screen(sized):
+    context, watch, base, width = sized
+    if width != 1280:
+        pytest.skip("a phone scrolls them inside their boxes")
+    page = watch.page(context)
+    page.goto(f"{base}/cases/softmax_fusion/")
+    level1 = [t for t in page.evaluate(TABLES) if t["head"].startswith("Shape Variant Median")]
+    page.goto(f"{base}/cases/")
+    every = [t for t in page.evaluate(TABLES) if t["head"].startswith("Case Operator")]
+    assert level1 and every
+    for t in level1 + every:
+        assert t["width"] <= t["box"], t  # the Check column and the Results column in view, no scrolling
+
+
+def test_a_chart_keeps_its_own_size_on_a_phone(sized):
+    context, watch, base, width = sized
+    page = watch.page(context)
+    page.goto(f"{base}/cases/softmax_fusion/")
+    plot = page.locator("img.cb-plot").first
+    plot.scroll_into_view_if_needed()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=plot.element_handle(), timeout=10_000)
+    drawn, natural, box = plot.evaluate("img => [img.offsetWidth, img.naturalWidth, img.parentElement.clientWidth]")
+    assert drawn >= min(natural, box) * 0.99  # never shrunk below its size when the screen is narrower
+    if width == 390:
+        assert drawn > box and plot.evaluate("img => getComputedStyle(img.parentElement).overflowX") == "auto"
+        page.screenshot(path=str(SCREENS / "softmax-390.png"))
+
+
+def test_the_transfer_graphs_labels_are_legible(sized):
+    context, watch, base, width = sized
+    page = watch.page(context)
+    page.add_init_script("""const attach = Element.prototype.attachShadow;
+        Element.prototype.attachShadow = function (init) { return attach.call(this, {...init, mode: 'open'}); };""")
+    page.goto(f"{base}/browse/transfers/")
+    page.locator(".mermaid svg").first.wait_for(timeout=20_000)
+    heights = page.evaluate("""() => [...document.querySelector('.mermaid').shadowRoot.querySelectorAll('.nodeLabel')]
+        .map(e => e.getBoundingClientRect().height).filter(h => h > 0)""")
+    assert heights and min(heights) >= 12, heights  # a line of 12 px type, at least
+    assert page.evaluate("document.documentElement.scrollWidth") <= width

@@ -132,19 +132,36 @@ def best_variant(entry: Entry, stored: StoredResult) -> str | None:
     return max(by, key=lambda v: (len(by[v]), sorted(by[v])[len(by[v]) // 2]))
 
 
+def atlas_points(entry: Entry, stored: StoredResult) -> list[Point]:
+    """The level-1 points the atlas draws for a case: its best variant's timed ones with a positive intensity
+    and rate (a log-log chart has no place for zero)."""
+    best = best_variant(entry, stored)
+    return [p for p in stored.result.kernel_level
+            if p.variant == best and p.status == "ok" and _pos(p.arithmetic_intensity) and _pos(p.tflops)]
+
+
+def off_atlas(entry: Entry, stored: StoredResult) -> str | None:
+    """Why a case measured on the machine has no point on its atlas; None where it has some."""
+    if atlas_points(entry, stored):
+        return None
+    best = best_variant(entry, stored)
+    timed = [p for p in stored.result.kernel_level if p.variant == best and p.status == "ok"]
+    if timed and not any(_pos(p.flops) for p in timed):
+        return "it does no FLOPs, it only moves bytes, so it has no place on the FLOP/byte axis"
+    return "none of its timed points has a positive intensity and rate"
+
+
 def atlas(hardware_name: str, pairs: list[tuple[Entry, StoredResult]]) -> dict | None:
     points = []
     used: list[Point] = []
     hw = None
     for entry, stored in pairs:
-        best = best_variant(entry, stored)
-        if best is None:
-            continue
-        hw = hw or stored.result.hardware
-        for p in stored.result.kernel_level:
-            if p.variant == best and p.status == "ok" and _pos(p.arithmetic_intensity) and _pos(p.tflops):
-                points.append({"case": entry.id, "variant": best, "ai": p.arithmetic_intensity, "tflops": p.tflops})
-                used.append(p)
+        mine = atlas_points(entry, stored)
+        if mine:
+            hw = hw or stored.result.hardware
+            points += [{"case": entry.id, "variant": p.variant, "ai": p.arithmetic_intensity, "tflops": p.tflops}
+                       for p in mine]
+            used += mine
     if not points:
         return None
     # The roofs of the dtypes the points were measured in: a ceiling no point uses is clutter here.

@@ -15,7 +15,7 @@ import jinja2
 import yaml
 from markupsafe import Markup
 
-from casebook.render import links, outlook, text, views
+from casebook.render import figures, links, outlook, text, views
 from casebook.render.book import Book, Entry, kernel_source
 from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
 from casebook.schema import Environment, Hardware
@@ -132,9 +132,15 @@ def _claims(entry: Entry, machines: list[views.Machine]) -> list[dict]:
 # --- ways in ---------------------------------------------------------------------------------
 
 
+WIDE = ["navigation"]
+"""What a page of wide case tables hides at 1280 px: the section's page list (the header's tabs name it too),
+so that the tables fit beside the table of contents."""
+
+
 def case_index(book: Book) -> str:
+    """All cases in one wide table; the page has no sections, so no table of contents beside it."""
     page = links.CASE_INDEX
-    return render("cases", front_matter=front_matter("All cases"),
+    return render("cases", front_matter=front_matter("All cases", hide=["toc"]),
                   rows=[views.case_row(e, page) for e in book.entries],
                   browse={k: links.rel(page, v) for k, v in _browse().items()})
 
@@ -147,7 +153,7 @@ def by_bottleneck(book: Book) -> str:
         groups.append({"kind": kind, "title": title, "gloss": gloss,
                        "rows": [views.case_row(e, page) for e in entries],
                        "stages": {e.id: e.case.bottleneck.stages for e in entries}})
-    return render("by-bottleneck", front_matter=front_matter("Cases by bottleneck"), groups=groups)
+    return render("by-bottleneck", front_matter=front_matter("Cases by bottleneck", hide=WIDE), groups=groups)
 
 
 def by_pattern(book: Book) -> str:
@@ -155,7 +161,7 @@ def by_pattern(book: Book) -> str:
     groups = [{"pattern": p, "anchor": links.anchor(p), "title": title, "gloss": gloss,
                "rows": [views.case_row(e, page) for e in book.entries if p in e.case.patterns]}
               for p, (title, gloss) in PATTERNS.items()]
-    return render("by-pattern", front_matter=front_matter("Cases by pattern"), groups=groups)
+    return render("by-pattern", front_matter=front_matter("Cases by pattern", hide=WIDE), groups=groups)
 
 
 def by_operator(book: Book) -> str:
@@ -164,12 +170,13 @@ def by_operator(book: Book) -> str:
                "rows": [views.case_row(e, page) for e in d["cases"]],
                "incoming": [{"case": views.case_row(e, page), "why": t.why} for e, t in d["incoming"]]}
               for op, d in views.operators(book).items()]
-    return render("by-operator", front_matter=front_matter("Cases by operator"), groups=groups)
+    return render("by-operator", front_matter=front_matter("Cases by operator", hide=WIDE), groups=groups)
 
 
 def by_hardware(book: Book) -> str:
     page = links.BY_HARDWARE
     groups = []
+    titles = views.machine_titles(book)
     for slug, results in book.hardware().items():
         rows = []
         for stored in results:
@@ -178,7 +185,7 @@ def by_hardware(book: Book) -> str:
             rows.append({"case": views.case_row(entry, page), "date": stored.result.started_at[:10],
                          "best": m.best or "–", "roof": text.pct(m.best_roof), "claims": m.claims_held,
                          "stale": bool(stored.stale)})
-        groups.append({"slug": slug, "name": results[0].hardware_name, "anchor": links.anchor(slug),
+        groups.append({"slug": slug, "name": titles[slug], "anchor": links.anchor(slug),
                        "hardware_url": links.rel(page, links.HARDWARE, slug), "rows": rows})
     return render("by-hardware", front_matter=front_matter("Cases by hardware"), groups=groups,
                   unmeasured=[views.case_row(e, page) for e in book.entries if not e.results])
@@ -225,13 +232,15 @@ def transfers(book: Book) -> str:
             rows.append({"case": views.case_row(e, page), "operator": t.operator, "why": t.why,
                          "operator_url": links.rel(page, links.BY_OPERATOR, t.operator),
                          "targets": [views.case_row(x, page) for x in shown_by(book, e, t)]})
-    return render("transfers", front_matter=front_matter("Transfer graph"), rows=rows,
+    return render("transfers", front_matter=front_matter("Transfer graph", hide=["toc"]), rows=rows,
                   graph=Markup(mermaid_graph(book)))
 
 
 def mermaid_graph(book: Book) -> str:
     """case -> operator (or -> case) edges. Labels are reduced to safe characters: Mermaid has its own syntax."""
-    lines = ["flowchart LR"]
+    # At its own size (its labels legible), scrolling inside its box where the page is narrower than the graph.
+    lines = ['%%{init: {"flowchart": {"useMaxWidth": false}, "themeVariables": {"fontSize": "12px"}}}%%',
+             "flowchart LR"]
     ops: dict[str, str] = {}
     for e in book.entries:
         lines.append(f'  c_{e.id}(["{_mermaid_label(e.id)}"]):::case')
@@ -266,6 +275,7 @@ def tags_page() -> str:
 def atlas(book: Book, images: dict[str, str]) -> str:
     page = links.ATLAS
     machines = []
+    titles = views.machine_titles(book)
     for slug, results in book.hardware().items():
         rows = []
         for stored in results:
@@ -273,8 +283,8 @@ def atlas(book: Book, images: dict[str, str]) -> str:
             m = views.machine(entry, stored, {})
             if m.best:
                 rows.append({"case": views.case_row(entry, page), "best": m.best, "roof": text.pct(m.best_roof),
-                             "stale": bool(stored.stale)})
-        machines.append({"name": results[0].hardware_name, "anchor": links.anchor(slug), "rows": rows,
+                             "stale": bool(stored.stale), "off_plot": figures.off_atlas(entry, stored)})
+        machines.append({"name": titles[slug], "anchor": links.anchor(slug), "rows": rows,
                          "image": links.rel(page, images[slug]) if slug in images else None})
     return render("atlas", front_matter=front_matter("Atlas"), machines=machines)
 
@@ -287,18 +297,20 @@ def home(book: Book, images: dict[str, str]) -> str:
     atlas_view = None
     if atlas_of:
         slug, results = atlas_of
-        atlas_view = {"name": results[0].hardware_name, "image": links.rel(page, images[slug]),
-                      "url": links.rel(page, links.ATLAS, slug)}
+        atlas_view = {"name": views.machine_titles(book)[slug], "image": links.rel(page, images[slug]),
+                      "url": links.rel(page, links.ATLAS, slug),
+                      "drawn": sum(bool(figures.atlas_points(book.get(r.result.case_id), r)) for r in results)}
     return render("home", cases=[views.card(e, page) for e in book.entries], atlas=atlas_view)
 
 
 def hardware(book: Book, images: dict[str, str]) -> str:
     page = links.HARDWARE
     machines = []
+    titles = views.machine_titles(book)
     for slug, results in book.hardware().items():
         latest = max(results, key=lambda r: r.result.started_at)
         hw = latest.result.hardware
-        machines.append({"name": latest.hardware_name, "slug": slug, "anchor": links.anchor(slug),
+        machines.append({"name": titles[slug], "slug": slug, "anchor": links.anchor(slug),
                          "kind": hw.kind or "–",
                          "rows": _ceiling_rows(hw, [r.result.hardware for r in results], latest.result.environment),
                          **_source(hw.datasheet.source if hw.datasheet is not None else None),

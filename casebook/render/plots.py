@@ -14,10 +14,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator, PercentFormatter  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 from casebook.roofline import ridge_point  # noqa: E402
 
@@ -165,6 +167,42 @@ def _spread_labels(ax, height_pt: float = 9.5) -> None:
                 a.xyann, edge = (a.xyann[0], bottom - y), bottom + height_pt
 
 
+def _declutter(ax, labels: list, line_pt: float = 8.0, lines: int = 8) -> None:
+    """Move each label (in order) up or down by whole lines, nearest first, until it lies inside the axes and
+    its box overlaps neither a label placed before it nor any other text or the legend of the axes; a label
+    that finds no such place within `lines` lines stays where it was. Run once the limits and size are final."""
+    renderer = FigureCanvasAgg(ax.figure).get_renderer()
+    others = [t for t in ax.texts if t.get_visible() and t not in labels] + [ax.get_legend()]
+    taken = [a.get_window_extent(renderer) for a in others if a is not None] + _marker_boxes(ax)
+    inside = ax.get_window_extent(renderer)
+    for label in labels:
+        x, y = label.xyann
+        for k in sorted(range(-lines, lines + 1), key=lambda k: (abs(k), -k)):
+            label.xyann = (x, y + k * line_pt)
+            box = label.get_window_extent(renderer)
+            if _within(box, inside) and not any(box.overlaps(t) for t in taken):
+                break
+        else:
+            label.xyann = (x, y)
+        taken.append(label.get_window_extent(renderer))
+
+
+def _marker_boxes(ax) -> list[Bbox]:
+    """The display boxes of the axes' scatter markers (a square of each marker's size)."""
+    to_px = ax.figure.dpi / 72.0
+    out = []
+    for c in ax.collections:
+        sizes = c.get_sizes()
+        for i, (x, y) in enumerate(ax.transData.transform(c.get_offsets())):
+            r = math.sqrt(sizes[i % len(sizes)] if len(sizes) else 36.0) / 2 * to_px
+            out.append(Bbox.from_extents(x - r, y - r, x + r, y + r))
+    return out
+
+
+def _within(box, outer) -> bool:
+    return outer.x0 <= box.x0 and box.x1 <= outer.x1 and outer.y0 <= box.y0 and box.y1 <= outer.y1
+
+
 def _tf(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
@@ -201,6 +239,10 @@ def _groups(points: list[dict], keep) -> dict[tuple[str, str], list[dict]]:
 def roofline(data: dict) -> bytes:
     """Left: the measured roofs (datasheet faint), every level-1 point, each shape's attainable ceiling.
     Right: each point's fraction of its own ceiling, by shape."""
+    return _svg(roofline_figure(data))
+
+
+def roofline_figure(data: dict) -> Figure:
     points = data["points"]
     colors = variant_colors(data["variants"], data.get("baseline"))
     measured, datasheet = data["measured"], data.get("datasheet")
@@ -224,12 +266,13 @@ def roofline(data: dict) -> bytes:
             ticks.setdefault((round(p["ai"], 6), round(p["ceiling_tflops"], 6)), set()).add(p["shape"])
     for ai, ceil in ticks:
         left.plot([ai / 1.22, ai * 1.22], [ceil, ceil], color="#d1495b", lw=2.2, solid_capstyle="butt", zorder=3)
+    tick_labels = []
     for ai, ceil, shapes in _tick_labels(ticks):
         label = next(iter(shapes)) if len(shapes) == 1 else f"{len(shapes)} shapes"
         # Above the tick: the region over the roof is empty by construction, so the label hides no point.
-        left.annotate(label, (ai, ceil), xytext=(-3, 5), textcoords="offset points", fontsize=6.5, color="#d1495b",
-                      ha="right", va="bottom", bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.85),
-                      zorder=5)
+        tick_labels.append(left.annotate(
+            label, (ai, ceil), xytext=(-3, 5), textcoords="offset points", fontsize=6.5, color="#d1495b", ha="right",
+            va="bottom", bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.85), zorder=5))
     ys = [p["tflops"] for p in points if p.get("ai") and p.get("tflops")]
     for (variant, dtype), group in _groups(points, lambda p: p.get("ai") and p.get("tflops")).items():
         left.scatter([p["ai"] for p in group], [p["tflops"] for p in group], s=30, color=colors.get(variant, INK),
@@ -245,6 +288,7 @@ def roofline(data: dict) -> bytes:
     left.set_ylabel("TFLOP/s")
     left.set_title(f"Roofline · {data['hardware']}")
     _align_slopes(left)
+    _declutter(left, tick_labels)
 
     shapes = data["shapes"]
     n_var = max(1, len(data["variants"]))
@@ -274,7 +318,7 @@ def roofline(data: dict) -> bytes:
     handles += [Line2D([], [], color="#d1495b", lw=2.2, label="attainable ceiling")]
     handles += _roof_handles(datasheet is not None)
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.905, 0.5))
-    return _svg(fig)
+    return fig
 
 
 def _roof_handles(datasheet: bool) -> list[Line2D]:
@@ -366,6 +410,10 @@ def amdahl_figure(data: dict) -> Figure:
 
 def atlas(data: dict) -> bytes:
     """Every case's best variant on one machine's roofline."""
+    return _svg(atlas_figure(data))
+
+
+def atlas_figure(data: dict) -> Figure:
     measured, datasheet = data["measured"], data.get("datasheet")
     points = data["points"]  # [{case, ai, tflops}]
     ais = [p["ai"] for p in points] or [1.0]
@@ -380,26 +428,28 @@ def atlas(data: dict) -> bytes:
     _roofs(ax, measured, x_lo, x_hi, faint=False, label="measured", avoid=ais)
     cases = list(dict.fromkeys(p["case"] for p in points))
     many = len(cases) > len(PALETTE)
+    names = []
     for i, case in enumerate(cases):
         mine = [p for p in points if p["case"] == case]
         color = PALETTE[i % len(PALETTE)] if not many else matplotlib.colormaps["tab20"](i % 20)
         ax.scatter([p["ai"] for p in mine], [p["tflops"] for p in mine], s=24, color=color, edgecolors="white",
                    linewidths=0.5, zorder=4, label=f"{case} ({mine[0]['variant']})")
         best = max(mine, key=lambda p: p["tflops"])
-        ax.annotate(case, (best["ai"], best["tflops"]), xytext=(4, 3), textcoords="offset points", fontsize=7,
-                    color=color, zorder=5)
+        names.append(ax.annotate(case, (best["ai"], best["tflops"]), xytext=(4, 3), textcoords="offset points",
+                                 fontsize=7, color=color, zorder=5))
     _log_axes(ax)
     ys = [p["tflops"] for p in points]
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(min(ys + [max(ceilings + [1.0]) / 1e4]) / 4, max(ceilings + ys + [1e-3]) * 3)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"Atlas · {data['hardware']} · best variant of every case, every level-1 shape")
+    ax.set_title(f"Atlas · {data['hardware']} · best variant of each case run here, every level-1 shape")
     _align_slopes(ax)
     if not many and cases:
         handles, _ = ax.get_legend_handles_labels()
         ax.legend(handles=handles + _roof_handles(datasheet is not None), loc="upper left")
-    return _svg(fig)
+    _declutter(ax, names)
+    return fig
 
 
 def ceilings(data: dict) -> bytes:

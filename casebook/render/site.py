@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from casebook.render import figures, links, outlook, pages, plots
+from casebook.render import figures, links, outlook, pages, plots, views
 from casebook.render.book import Book
 
 PLOTS_SOURCE = Path(plots.__file__)
@@ -46,15 +46,16 @@ def plan(book: Book, repo: Path | None = None) -> Generated:
                     case_images[(stored.slug, kind)] = path
         entry.images = case_images  # type: ignore[attr-defined]
     atlas_images, hardware_images = {}, {}
+    titles = views.machine_titles(book)
     for slug, results in book.hardware().items():
         pairs = [(book.get(r.result.case_id), r) for r in results]
-        data = figures.atlas(results[0].hardware_name, pairs)
+        data = figures.atlas(titles[slug], pairs)
         if data:
             atlas_images[slug] = images_path = links.image(f"atlas/{slug}")
             images[images_path] = ("atlas", data)
         latest = max(results, key=lambda r: r.result.started_at)
         hardware_images[slug] = path = links.image(f"hardware/{slug}")
-        images[path] = ("ceilings", figures.ceilings(latest.hardware_name, latest.result.hardware))
+        images[path] = ("ceilings", figures.ceilings(titles[slug], latest.result.hardware))
 
     out = {links.case_page(e.id): pages.case_page(e, book, e.images) for e in book.entries}  # type: ignore[attr-defined]
     out[links.CASE_INDEX] = pages.case_index(book)
