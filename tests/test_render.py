@@ -263,6 +263,18 @@ def test_nothing_is_loaded_off_the_host(built: Path):
     assert 'src="../../assets/javascripts/mermaid/mermaid.min.js"' in transfers
 
 
+def test_search_indexes_prose_not_the_tables_of_numbers_or_the_source(built: Path):
+    """Kernel source, level-1 tables, projections and the environment tables are left out of the search index:
+    half its size, and a query loads and answers at once."""
+    index = json.loads((built / "search" / "search_index.json").read_text())
+    sections = {d["location"].split("#")[-1] for d in index["docs"] if d["location"].startswith("cases/")}
+    for left_out in ("kernel-source", "reproduce", "level-1-the-single-kernel-limit", "projected-on-other-gpus",
+                     "dram-bytes-modelled-vs-measured"):
+        assert left_out not in sections, left_out
+    assert {"discussion", "claims", "roofline"} <= sections
+    assert not any("def triton_online" in d["text"] for d in index["docs"])
+
+
 def test_generated_pages_are_not_written_into_docs():
     assert not (REPO / "docs" / "cases").exists() and not (REPO / "docs" / "browse").exists()
 
