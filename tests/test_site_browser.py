@@ -139,6 +139,7 @@ def test_a_shape_typed_right_after_load_finds_its_cases_without_a_worker_error(w
     page.wait_for_timeout(300)
     assert not [w for w in warnings if "Invalid query" in w or "TypeError" in w], warnings
 
+
 def test_case_page_shows_the_card_and_the_roofline(watched):
     context, watch, base, _ = watched
     page = watch.page(context)
