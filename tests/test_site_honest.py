@@ -153,7 +153,8 @@ def test_unstable_points_are_marked_wherever_their_numbers_are_shown(tmp_path, p
             if p["variant"] == "triton_online":
                 p["unstable"] = [why]
 
-    html = case_html(built_with(tmp_path, plot_cache, shaky))
+    site = built_with(tmp_path, plot_cache, shaky)
+    html = case_html(site)
     seen = words(html)
     timed = sum(1 for doc in [json.loads((REPO / "tests/fixtures/results/nvidia-h200/softmax_fusion.json").read_text())]
                 for p in doc["kernel_level"] + doc["workload_level"]["points"] if p["status"] == "ok")
@@ -164,6 +165,12 @@ def test_unstable_points_are_marked_wherever_their_numbers_are_shown(tmp_path, p
     assert re.search(r"triton_online \d+\.\d\d× unstable at (\d+) of \1 shapes", level2)
     glance = words(html[html.index('id="at-a-glance"'):html.index('id="roofline"')])
     assert re.search(r"NVIDIA H200 SXM unstable .*triton_online \d+\.\d\d× \(unstable at \d+ of \d+ shapes\)", glance)
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", (site / "cases" / "index.html").read_text(), re.S)
+               if "softmax_fusion/" in r)
+    assert "nvidia-h200 (unstable)" in words(row)  # the index's Results column
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", (site / "browse" / "hardware" / "index.html").read_text(), re.S)
+               if "softmax_fusion/" in r and "<strong>unstable</strong>" in r)
+    assert row
 
 
 def test_the_hardware_page_shows_the_recorded_driver_and_l2(tmp_path, plot_cache):

@@ -184,7 +184,7 @@ def by_hardware(book: Book) -> str:
             m = views.machine(entry, stored, {})
             rows.append({"case": views.case_row(entry, page), "date": stored.result.started_at[:10],
                          "best": m.best or "–", "roof": text.pct(m.best_roof), "claims": m.claims_held,
-                         "stale": bool(stored.stale)})
+                         "caveat": views.caveat(stored)})
         groups.append({"slug": slug, "name": titles[slug], "anchor": links.anchor(slug),
                        "hardware_url": links.rel(page, links.HARDWARE, slug), "rows": rows})
     return render("by-hardware", front_matter=front_matter("Cases by hardware"), groups=groups,
@@ -204,7 +204,7 @@ def claims(book: Book) -> str:
             states.append(claim["state"])
             judged += [{"case": case, "hardware": titles[keys[id(stored)]], "text": claim["text"],
                         "hardware_url": links.rel(page, links.BY_HARDWARE, links.anchor(keys[id(stored)])),
-                        "detail": o.detail, "held": o.held, "stale": bool(stored.stale)}
+                        "detail": o.detail, "held": o.held, "caveat": views.caveat(stored)}
                        for stored, o in claim["judged"]]
             if claim["state"] == "unmeasured":
                 unmeasured.append({"case": case, "text": claim["text"],
@@ -283,7 +283,7 @@ def atlas(book: Book, images: dict[str, str]) -> str:
             m = views.machine(entry, stored, {})
             if m.best:
                 rows.append({"case": views.case_row(entry, page), "best": m.best, "roof": text.pct(m.best_roof),
-                             "stale": bool(stored.stale), "off_plot": figures.off_atlas(entry, stored)})
+                             "caveat": views.caveat(stored), "off_plot": figures.off_atlas(entry, stored)})
         machines.append({"name": titles[slug], "anchor": links.anchor(slug), "rows": rows,
                          "image": links.rel(page, images[slug]) if slug in images else None})
     return render("atlas", front_matter=front_matter("Atlas"), machines=machines)

@@ -189,6 +189,11 @@ def unstable_words(r: Result) -> str:
     return "; ".join(words)
 
 
+def caveat(stored: StoredResult) -> str:
+    """What a stored result's numbers must be read with, in a word or two: stale, unstable, both, or nothing."""
+    return ", ".join(w for w, on in (("stale", stored.stale), ("unstable", unstable_words(stored.result))) if on)
+
+
 def _unstable_shapes(points: list[Point], variant: str, baseline: str) -> str:
     """The workload shapes whose speedup for `variant` rests on an unstable time (its own or the baseline's)."""
     shaky = {text.shape_short(p.shape) for p in points if p.unstable and p.variant in (variant, baseline)}
@@ -283,7 +288,8 @@ def case_row(entry: Entry, page: str) -> dict:
     return {"title": c.title, "url": links.rel(page, links.case_page(c.id)), "id": c.id, "operator": c.operator,
             "bottleneck": c.bottleneck.kind, "patterns": ", ".join(c.patterns),
             "ai": text.num(c.bottleneck.arithmetic_intensity),
-            "machines": ", ".join(r.slug + (" (stale)" if r.stale else "") for r in entry.results) or "no results yet",
+            "machines": ", ".join(r.slug + (f" ({caveat(r)})" if caveat(r) else "") for r in entry.results)
+                        or "no results yet",
             **outcome(entry)}
 
 
