@@ -16,6 +16,10 @@ from casebook.roofline import FasterThanPhysics, Roofs, place
 from casebook.stats import summarize
 from casebook.transport import Unsent, digest
 
+TIMED_SAMPLES = 2
+"""Timed repetitions whose outputs the variant's child keeps (reservoir sampling, `measure`) and the judge
+requires: a point without them is not accepted, whatever its checks said."""
+
 TIMER_REBOUND = ("the variant's process rebound what the harness relies on ({names}): nothing timed or returned "
                  "there is evidence")
 
@@ -152,6 +156,9 @@ def point(task, run: dict, oracle: dict | None) -> dict:
     calls = [rec for _, c in by_rank for rec in c]
     if not all(c for _, c in by_rank):
         return {"status": "crashed", "error": "the variant's process sent no outputs"}
+    for who, rank_calls in by_rank:
+        if why := missing_calls(task, rank_calls):
+            return {"status": "failed", "correct": False, "error": f"{who}{why}"}
     worst = worst_row = 0.0
     for who, rank_calls in by_rank:
         for rec in rank_calls:
@@ -174,6 +181,20 @@ def point(task, run: dict, oracle: dict | None) -> dict:
     if why := times_problem(run.get("times_us")):
         return {**out, "status": "failed", "error": f"timing: {why}"}
     return {**out, **place_point(task, run, oracle.get("traffic") or {})}
+
+
+def missing_calls(task, calls: list) -> str | None:
+    """Why a point's kept calls are not the ones the harness keeps (None: they are): two checks, and when timed
+    the sampled repetitions (none under CUDA-graph replay, whose calls are not sampled) and the call after timing.
+    A child whose sampler was emptied sends its checks alone: its timed calls were never seen."""
+    roles = [rec.get("role") if isinstance(rec, dict) else None for rec in calls]
+    graph = bool((task.protocol or {}).get("graph")) and task.device == "cuda"
+    want = {"check": 2, "timed": 0 if not task.timed or graph else TIMED_SAMPLES, "after": 1 if task.timed else 0}
+    have = {role: roles.count(role) for role in want}
+    if have != want or len(roles) != sum(want.values()):
+        return (f"the child sent {', '.join(f'{have[r]} {r}' for r in want)} call(s) where the harness keeps "
+                f"{', '.join(f'{want[r]} {r}' for r in want)}: outputs of calls it made were not shown")
+    return None
 
 
 def ranks_problem(ranks) -> str | None:

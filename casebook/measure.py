@@ -22,12 +22,15 @@ import sys
 from dataclasses import dataclass, field
 
 from casebook import autotune, bench
-from casebook.judge import launch_count  # noqa: F401 (the launch floor, kept importable here)
+from casebook.judge import (
+    TIMED_SAMPLES,
+    launch_count,  # noqa: F401 (the launch floor, kept importable here)
+)
 from casebook.transport import digest
 
 KERNELS_PACKAGE = "casebook.kernels"
 
-SAMPLES = 2
+SAMPLES = TIMED_SAMPLES
 """Timed repetitions whose outputs are kept (reservoir sampling: each call kept, or not, as it returns)."""
 
 

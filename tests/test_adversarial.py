@@ -282,3 +282,20 @@ def test_sigterm_ends_the_run_and_its_children(tmp_path):
     assert "Traceback" not in err
     time.sleep(0.5)
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text().lower()
+
+
+def test_a_point_without_its_sampled_timed_calls_is_refused():
+    """The judge requires every call the harness keeps: a child whose sampler was emptied sends its two checks
+    alone, and its timed calls were never seen (a graph's replays are not sampled, and none are required there)."""
+    from casebook import judge
+    from casebook.measure import Task
+
+    task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
+                device="cpu", timed=True, seed=1, protocol={})
+    checks = [{"role": "check"}, {"role": "check"}]
+    assert "0 timed, 0 after" in judge.missing_calls(task, checks)
+    assert judge.missing_calls(task, checks + [{"role": "timed"}] * 2 + [{"role": "after"}]) is None
+    assert "3 timed" in judge.missing_calls(task, checks + [{"role": "timed"}] * 3 + [{"role": "after"}])
+    graph = Task(**{**task.__dict__, "device": "cuda", "protocol": {"graph": True}})
+    assert judge.missing_calls(graph, checks + [{"role": "after"}]) is None
+    assert judge.missing_calls(Task(**{**task.__dict__, "timed": False}), checks) is None
