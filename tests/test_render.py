@@ -565,7 +565,8 @@ def test_two_machines_of_one_name_get_headings_of_their_own():
 
     results = [stored("cpu-amd", 45.9), stored("cpu-amd-x2", 45.0, devices=2), stored("cpu-amd", 19.3)]
     titles = machine_titles(Book([SimpleNamespace(results=[r]) for r in results]))  # type: ignore[arg-type]
-    assert titles == {"cpu-amd": "AMD EPYC (cpu-amd)", "cpu-amd-x2": "AMD EPYC × 2", "cpu-amd-2": "AMD EPYC (cpu-amd-2)"}
+    assert titles == {"cpu-amd": "AMD EPYC (cpu-amd)", "cpu-amd-x2": "AMD EPYC × 2",
+                      "cpu-amd-2": "AMD EPYC (cpu-amd-2)"}
 
 
 def test_a_case_left_off_the_atlas_is_named_there_with_the_reason(tmp_path: Path):
@@ -582,4 +583,5 @@ def test_a_case_left_off_the_atlas_is_named_there_with_the_reason(tmp_path: Path
     stored.result = stored.result.model_copy(update={"kernel_level": copy})
     assert "does no FLOPs" in figures.off_atlas(entry, stored)
     page = words(pages.atlas(Book([entry]), {}))
-    assert re.search(r"Not on the chart, though measured here:\s+\[Fused softmax[^\]]*\]\([^)]*\): it does no FLOPs", page)
+    assert re.search(r"Not on the chart, though measured here:\s+\[Fused softmax[^\]]*\]\([^)]*\): it does no FLOPs",
+                     page)
