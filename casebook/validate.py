@@ -229,7 +229,11 @@ def top_level_names(source: Path) -> frozenset[str] | str:
 def _names(source: str, mtime_ns: int, size: int) -> frozenset[str] | str:
     # Keyed on mtime and size so an edited module is read again; each module is parsed once per run.
     try:
-        tree = ast.parse(Path(source).read_bytes(), filename=source)
+        raw = Path(source).read_bytes()
+        raw.decode("utf-8")  # what the run and the site read it as (a coding cookie does not change that)
+        tree = ast.parse(raw, filename=source)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text (byte {e.start}); save it as UTF-8"
     except SyntaxError as e:
         return f"line {e.lineno}: {e.msg}"
     except (ValueError, RecursionError, MemoryError, OSError) as e:

@@ -89,6 +89,19 @@ def test_kernel_module_that_does_not_parse(make_case, tmp_path, line_of):
                               "casebook/kernels/softmax_fusion.py does not parse: line 1: invalid syntax"]
 
 
+def test_a_kernel_module_not_in_utf8_is_refused_as_the_run_refuses_it(make_case, tmp_path, line_of):
+    """A latin-1 module with a coding cookie is valid Python, and passed validate; the run (preflight) and the
+    site read kernel modules as UTF-8, and the site build crashed on it."""
+    book_with_kernel(tmp_path, "def reference(x): pass\n")
+    kernels = tmp_path / "casebook" / "kernels"
+    (kernels / "softmax_fusion.py").write_bytes("# -*- coding: latin-1 -*-\n# caf\u00e9\n".encode("latin-1")
+                                                + (kernels / "softmax_fusion.py").read_bytes())
+    path = make_case()
+    assert problems(path)[0] == (f"{path}:{line_of(path, 'module: softmax_fusion')}: kernel.module: "
+                                 "casebook/kernels/softmax_fusion.py does not parse: not UTF-8 text (byte 31); "
+                                 "save it as UTF-8")
+
+
 def test_kernel_module_is_parsed_once(make_case, tmp_path):
     from casebook import validate as v
 
