@@ -7,11 +7,11 @@ points would take hours. `casebook run` prints the first and exits 2, with no tr
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from pathlib import Path
 
+from casebook import provenance
 from casebook.load import CaseError, read_case
 
 MIN_FREE_BYTES = 64 * 2**20
@@ -22,22 +22,6 @@ MAX_POINTS = 2000
 (0.5 s on a CPU, 1 s on a GPU) plus two children's checks, so 2000 is about an hour."""
 
 SECONDS_PER_POINT = {"cpu": 0.5, "gpu": 1.0}
-
-
-def kernel_source(module: str) -> Path | None:
-    """The file `casebook.kernels.<module>` would be imported from (CASEBOOK_KERNELS_PATH included), or None."""
-    try:
-        spec = importlib.util.find_spec(f"casebook.kernels.{module}")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.origin and spec.origin.endswith(".py"):
-        return Path(spec.origin)
-    # The package's path is read from the environment when it is first imported; the children read it
-    # afresh, so a folder named there since is where they will find the module.
-    for folder in filter(None, os.environ.get("CASEBOOK_KERNELS_PATH", "").split(os.pathsep)):
-        if (Path(folder) / f"{module}.py").is_file() and module.isidentifier():
-            return Path(folder) / f"{module}.py"
-    return None
 
 
 def writable_problem(folder: Path, what: str) -> str | None:
@@ -77,7 +61,7 @@ def problems(path: Path, results_dir: Path | None = None, loaded: tuple | None =
         return [str(p) for p in e.errors]
     out = []
     module = case.kernel.module
-    source = kernel_source(module)
+    source = provenance.kernel_source(module)
     if source is None:
         out.append(str(lines.error(("kernel", "module"), f"no kernel module casebook/kernels/{module}.py (a valid "
                                                          "name, but no file of that name in the kernels package)")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,18 @@ def kernel_path(module: str, kernels_dir: Path | None = None) -> Path:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", module):
         raise ValueError(f"kernel module {module!r} is not a lower_snake_case name")
     return Path(kernels_dir or KERNELS_DIR) / f"{module}.py"
+
+
+def kernel_source(module: str) -> Path | None:
+    """The file the children import as `casebook.kernels.<module>`, found as the package finds it (its own folder,
+    then each folder of CASEBOOK_KERNELS_PATH, read afresh) without importing the package: the parent of a run
+    runs no code of the kernels' folder. None where there is none (or `module` is not a module's name)."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", module):
+        return None
+    for folder in [KERNELS_DIR, *filter(None, os.environ.get("CASEBOOK_KERNELS_PATH", "").split(os.pathsep))]:
+        if (Path(folder) / f"{module}.py").is_file():
+            return Path(folder) / f"{module}.py"
+    return None
 
 
 def case_sha256(path: str | Path) -> str:

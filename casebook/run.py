@@ -5,7 +5,6 @@ the claims checked, the result assembled. The library does not print: progress g
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import math
 import os
@@ -28,7 +27,14 @@ from casebook.measure import Task, kept_calls
 from casebook.measure import work as measure_work
 from casebook.oracle import OracleTask
 from casebook.oracle import work as oracle_work
-from casebook.provenance import case_sha256, imported_closure, kernel_path, kernel_sha256, measurement_sha256
+from casebook.provenance import (
+    case_sha256,
+    imported_closure,
+    kernel_path,
+    kernel_sha256,
+    kernel_source,
+    measurement_sha256,
+)
 from casebook.roofline import compute_roof
 from casebook.schema import RESULT_SCHEMA_VERSION, Case, ClaimPairedTiming, Point, Result, Variant, shape_label
 from casebook.traffic import INTENSITY_TOLERANCE
@@ -632,8 +638,7 @@ def _sources(path: Path, case, start: dict | None = None, loaded: set | None = N
 
 def _kernel_file(module: str) -> Path:
     """The source the children import as `casebook.kernels.<module>` (CASEBOOK_KERNELS_PATH included)."""
-    spec = importlib.util.find_spec(f"casebook.kernels.{module}")
-    return Path(spec.origin) if spec and spec.origin else kernel_path(module)
+    return kernel_source(module) or kernel_path(module)
 
 
 def _now(timespec: str = "seconds") -> str:

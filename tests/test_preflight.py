@@ -20,7 +20,7 @@ def test_a_kernel_module_in_another_encoding_is_refused(small_case, monkeypatch,
     path = small_case()
     kernels = tmp_path / "casebook" / "kernels"
     (kernels / "scaled_add.py").write_bytes("# -*- coding: latin-1 -*-\n# caf\xe9\n".encode("latin-1"))
-    monkeypatch.setattr(preflight, "kernel_source", lambda module: kernels / f"{module}.py")
+    monkeypatch.setattr(preflight.provenance, "kernel_source", lambda module: kernels / f"{module}.py")
     [why] = preflight.problems(path)
     assert why.endswith("kernel.module: casebook/kernels/scaled_add.py is not UTF-8 text (byte 31); save it as UTF-8")
 
@@ -55,3 +55,18 @@ def test_run_prints_the_bad_state_and_exits_2(small_case, cli, line_of):
     result = cli("run", path)
     assert result.exit_code == 2
     assert "no kernel module casebook/kernels/os.py" in result.output
+
+
+def test_finding_a_kernel_module_runs_nothing_of_the_kernels_package(tmp_path, monkeypatch):
+    """The run's parent finds a kernel module's file as the package would (its folder, then CASEBOOK_KERNELS_PATH)
+    without importing `casebook.kernels`: its `__init__.py`, contributed code like the rest, never runs there."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mine.py").write_text("x = 1\n")
+    code = ("import sys; from casebook import provenance, preflight; "
+            "print(provenance.kernel_source('mine'), provenance.kernel_source('softmax_fusion').name, "
+            "'casebook.kernels' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "CASEBOOK_KERNELS_PATH": str(tmp_path)}).stdout.split()
+    assert out == [str(tmp_path / "mine.py"), "softmax_fusion.py", "False"]
