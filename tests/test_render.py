@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from casebook.render import site, text
+from casebook.render import hooks, site, text
 from casebook.render.book import BookError, load_book
 from casebook.render.figures import best_variant
 from casebook.schema import slug
@@ -273,6 +273,8 @@ def test_search_indexes_prose_not_the_tables_of_numbers_or_the_source(built: Pat
         assert left_out not in sections, left_out
     assert {"discussion", "claims", "roofline"} <= sections
     assert not any("def triton_online" in d["text"] for d in index["docs"])
+    [worker] = (built / "assets" / "javascripts" / "workers").glob("search.*.js")
+    assert worker.read_text().count(hooks.LUNR_TOKENSET_FIX) == 1  # numbers' prefixes searchable (browser test)
 
 
 def test_generated_pages_are_not_written_into_docs():

@@ -83,6 +83,31 @@ def on_page_markdown(markdown: str, page, config, files):
     return markdown
 
 
+LUNR_TOKENSET_FIX = """
+/* casebook: lunr keys a token-set node by its edges' labels and its children's ids run together, so where
+   labels are digits two nodes can share a key (edges 1->node 2, 3->node 4 and edge 1->node 234 both read
+   "01234") and minimisation merges them: a prefix query on a number then expands to tokens the index lacks,
+   and lunr throws (olivernn/lunr.js#314). With each id closed by a comma a key is one node's. Appended to the
+   theme's search worker by casebook's mkdocs hooks. */
+if (self.lunr && self.lunr.TokenSet) {
+  self.lunr.TokenSet.prototype.toString = function () {
+    if (this._str) return this._str
+    var str = this.final ? "1" : "0", labels = Object.keys(this.edges).sort()
+    for (var i = 0; i < labels.length; i++) str += labels[i] + this.edges[labels[i]].id + ","
+    return str
+  }
+}
+"""
+
+
+def on_post_build(config):
+    """Search works on numbers: the theme's search worker gets lunr's token-set keys made unambiguous."""
+    for worker in (Path(config.site_dir) / "assets" / "javascripts" / "workers").glob("search.*.js"):
+        code = worker.read_text(encoding="utf-8")
+        if LUNR_TOKENSET_FIX not in code:
+            worker.write_text(code + LUNR_TOKENSET_FIX, encoding="utf-8")
+
+
 def on_serve(server, config, builder):
     """Rebuild the preview when a case, a result or a kernel module changes."""
     cases, results, _ = _dirs(config)
