@@ -15,6 +15,7 @@ import math
 import re
 from pathlib import Path
 
+from casebook import stability
 from casebook.claims import evaluate, pair_key
 from casebook.judge import launch_count
 from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, place
@@ -139,6 +140,15 @@ def point_problems(p: dict, measured: dict, link_gbps: float | None = None) -> l
     return out
 
 
+def stability_problems(p: dict, device: str) -> list[str]:
+    """A timed point whose own readings (its spread, what else the machine did) make it unstable by
+    `casebook.stability`'s bounds must say so: its `unstable` list judged again, not believed absent."""
+    if p.get("status") != "ok" or p.get("unstable"):
+        return []
+    why = stability.reasons(p, device)
+    return [f"{_label(p)}: its readings make it unstable ({'; '.join(why)}), but it is not marked so"] if why else []
+
+
 def _paired(claims: list[dict]) -> dict:
     """The stored paired timings, their speedups taken again from their rounds."""
     import statistics
@@ -195,6 +205,8 @@ def claims_problems(case, doc: dict) -> list[str]:
 
 def problems(path: Path, case=None) -> list[str]:
     """Why the result file at `path` is not evidence for `case` (empty: every check passed)."""
+    from pydantic import ValidationError
+
     from casebook.results import ResultError, load
 
     path = Path(path)
@@ -206,6 +218,9 @@ def problems(path: Path, case=None) -> list[str]:
         return [f"is {size / 2**20:.0f} MiB, over the {MAX_BYTES // 2**20} MiB a result may be"]
     try:
         doc = load(path).model_dump()
+    except ValidationError as e:  # the first field at fault, by its place in the document
+        first = e.errors()[0]
+        return [f"is not a valid result: {'.'.join(map(str, first['loc']))}: {first['msg']}"]
     except (ResultError, ValueError) as e:
         return [f"is not a valid result: {str(e).splitlines()[0]}"]
     hw = doc.get("hardware") or {}
@@ -218,8 +233,9 @@ def problems(path: Path, case=None) -> list[str]:
     measured = hw.get("measured") or {}
     points = list(doc.get("kernel_level") or []) + list((doc.get("workload_level") or {}).get("points") or [])
     link = (hw.get("topology") or {}).get("bus_gbps")
+    device = "cuda" if hw.get("kind") == "gpu" else "cpu"
     for p in points:
-        out += point_problems(p, measured, link)
+        out += point_problems(p, measured, link) + stability_problems(p, device)
     if case is not None and not out:
         out += claims_problems(case, doc)
     return out

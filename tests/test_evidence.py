@@ -59,6 +59,19 @@ def test_a_rate_its_median_does_not_give_is_caught(stored):
     assert any("stored gbps" in why for why in evidence.problems(write(path, doc), case))
 
 
+def test_busy_readings_with_their_unstable_mark_removed_are_caught(stored):
+    """`unstable` is judged again from the point's own readings: a timing whose run queue waited half its window
+    (or whose spread is over the bound) with the mark deleted is caught, not published."""
+    path, doc, case = stored
+    p = next(p for p in doc["kernel_level"] if p["status"] == "ok")
+    p["interference"] = {**(p.get("interference") or {}), "window_s": 1.0, "run_queue_wait_s": 0.5}
+    p.pop("unstable", None)
+    assert any("its readings make it unstable" in why and "waited for a CPU" in why
+               for why in evidence.problems(write(path, doc), case))
+    p["unstable"] = ["waited for a CPU 50% of the timing"]  # marked: what check's publishing rules then refuse
+    assert not any("its readings make it unstable" in why for why in evidence.problems(write(path, doc), case))
+
+
 def test_a_flipped_claim_verdict_is_caught(stored):
     path, doc, case = stored
     i = next(i for i, c in enumerate(doc["claims"]) if c["held"] is False)
@@ -75,7 +88,7 @@ def test_claims_other_than_the_cases_are_caught(stored):
 
 @pytest.mark.parametrize("edit, words", [
     (lambda d: d["hardware"]["measured"].update(copy_gbps=1e6), "above the datasheet's 4800 GB/s"),
-    (lambda d: d["hardware"].update(slug="../../etc"), "is not a hardware slug"),
+    (lambda d: d["hardware"].update(slug="../../etc"), "is not a valid result: hardware.slug: String should match"),
     (lambda d: d["kernel_level"][0].update(status="ok", median_us=-1.0), "is not a positive time"),
     (lambda d: d["kernel_level"][0].update(p90_us=float("inf")), "is not a finite number"),
 ])
