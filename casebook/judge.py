@@ -134,9 +134,17 @@ def release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+ERROR_MAX = 2000
+"""The most of a child's own error message a record keeps (an exception's text can hold a tensor's repr)."""
+
+
 def passthrough(run: dict) -> dict:
-    """A task that did not run to the end (skipped, crashed, timed out): its status and error only."""
-    return {k: run[k] for k in ("status", "error") if k in run}
+    """A task that did not run to the end (skipped, crashed, timed out): its status and error only, the error
+    cut to `ERROR_MAX` characters."""
+    out = {k: run[k] for k in ("status", "error") if k in run}
+    if isinstance(out.get("error"), str) and len(out["error"]) > ERROR_MAX:
+        out["error"] = out["error"][:ERROR_MAX] + "..."
+    return out
 
 
 def point(task, run: dict, oracle: dict | None) -> dict:
@@ -301,7 +309,7 @@ def end_to_end(run: dict, dtype: str) -> dict:
     from casebook.check import TOLERANCE
 
     if run.get("status") != "ran":
-        return {k: run[k] for k in ("status", "error") if k in run} or {"status": "crashed", "error": "no answer"}
+        return passthrough(run) or {"status": "crashed", "error": "no answer"}
     if run.get("rebound"):
         return {"status": "failed", "error": TIMER_REBOUND.format(names=", ".join(run["rebound"][:4]))}
     prints = run.get("fingerprints") or []

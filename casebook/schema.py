@@ -463,11 +463,16 @@ def _numel(dims: list[str], shape: dict[str, int]) -> int:
 # --- results ---------------------------------------------------------------------------------
 
 
-class Record(BaseModel):
-    """Base for result records: written by casebook; a field not declared here is an error. Read by attribute;
-    `model_dump(exclude_unset=True)` gives the keys the stored JSON had."""
+RECORD_TEXT_MAX = 20_000
+"""The longest text a result may hold in one field (a case's longest prose, `Text`): a forged 8 MiB error string
+would otherwise make an 8 MiB page."""
 
-    model_config = ConfigDict(extra="forbid")
+
+class Record(BaseModel):
+    """Base for result records: written by casebook; a field not declared here is an error, and so is a text longer
+    than `RECORD_TEXT_MAX`. Read by attribute; `model_dump(exclude_unset=True)` gives the keys the stored JSON had."""
+
+    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX)
 
 
 ShapeDims = dict[str, int]
@@ -690,7 +695,8 @@ class Datasheet(Record):
 class CeilingMethod(Record):
     """How each ceiling was measured, in words."""
 
-    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True,
+                              str_max_length=RECORD_TEXT_MAX)
 
     copy_: str = Field(alias="copy", description="The copy whose bytes read + written over its fastest time are "
                                                  "copy_gbps.")

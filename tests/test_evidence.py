@@ -124,3 +124,14 @@ def test_check_refuses_a_forged_result(make_case, tmp_path):
     result.write_text(json.dumps(doc))
     errors = [str(e) for e in validate([path], strict=True).errors if "is not evidence" in str(e)]
     assert errors and "is stored as held, but its points say failed" in errors[0]
+
+
+def test_a_text_longer_than_any_the_harness_writes_is_refused(stored):
+    """An 8 MiB error string would make an 8 MiB page: a result's texts are capped (the longest a case's prose may
+    be), and a longer one is no valid result."""
+    from casebook.schema import RECORD_TEXT_MAX
+
+    path, doc, case = stored
+    doc["kernel_level"][0]["error"] = "x" * (RECORD_TEXT_MAX + 1)
+    [why] = evidence.problems(write(path, doc), case)
+    assert why.startswith("is not a valid result: kernel_level.0.error: String should have at most")
