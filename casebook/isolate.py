@@ -13,14 +13,17 @@ to rewrite files later. Its standard output goes to standard error: `casebook ru
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
 import secrets
 import signal
 import sys
+import threading
 import time
 import traceback
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable
 
@@ -119,6 +122,25 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
 
 # --- the parent's side ---------------------------------------------------------------------------------
 
+_STARTING = threading.Lock()
+"""One child started at a time (the next variant's child may start in a thread): each with its own token."""
+
+
+@contextlib.contextmanager
+def _with_token(token: str):
+    """This process's environment holds `token` while a child is started, so the child's initial environment does:
+    the block `/proc/<pid>/environ` shows, which a process forked from the child without exec keeps whatever it
+    sets later (a token set in the child after its start was not there, and such a grandchild escaped the hunt)."""
+    before = os.environ.get(TOKEN_ENV)
+    os.environ[TOKEN_ENV] = token
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TOKEN_ENV, None)
+        else:
+            os.environ[TOKEN_ENV] = before
+
 
 class Worker:
     """One child process, started on the first request, answering requests in turn. A request it does not
@@ -153,7 +175,10 @@ class Worker:
         self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid(),
                                                       self.spill), daemon=True)
         try:
-            self.proc.start()
+            with _STARTING:  # the token in the environment the child is started with: see `_with_token`
+                resource_tracker.ensure_running()  # started before, never with a child's token: shared by all
+                with _with_token(self.token):
+                    self.proc.start()
         except BaseException:
             self.proc = None
             parent.close()
@@ -233,9 +258,12 @@ class Worker:
         return {"status": "crashed", "error": "child process sent an answer out of turn"}
 
     def close(self) -> None:
-        """End the child, its process group and every process that carries its token."""
+        """End the child, its process group and every process that carries its token. The hunt for its token comes
+        first, while every descendant is still the child's: one whose parent has gone no longer shows its
+        environment here (seen: ESRCH for a grandchild forked without exec, which lived on and wrote a file)."""
         if self.proc is None:
             return
+        end_token(self.token, spare=self.proc.pid)
         if self.conn is not None:
             try:
                 if self.proc.is_alive():
@@ -276,9 +304,10 @@ def end_group(pgid: int) -> None:
         pass
 
 
-def end_token(token: str) -> list[int]:
-    """Kill every process whose environment carries `token` (a descendant that left the process group);
-    the pids killed. Linux only (reads /proc); elsewhere the process group is the whole guard."""
+def end_token(token: str, spare: int | None = None) -> list[int]:
+    """Kill every process whose environment carries `token` (a descendant that left the process group), but
+    `spare` (the child itself, let go first); the pids killed. Linux only (reads /proc); elsewhere the process
+    group is the whole guard."""
     if not token:
         return []
     needle = f"{TOKEN_ENV}={token}".encode()
@@ -291,7 +320,7 @@ def end_token(token: str) -> list[int]:
                     found.append(int(entry.name))
             except (OSError, ValueError):
                 continue
-        found = [p for p in found if p != os.getpid()]
+        found = [p for p in found if p not in (os.getpid(), spare)]
         if not found:
             break
         for pid in found:

@@ -269,6 +269,27 @@ def test_no_descendant_outlives_its_child(tmp_path):
     assert not os.path.exists(status) or "zombie" in open(status).read()
 
 
+def fork_late(path: str) -> dict:
+    """A grandchild forked without exec, in a session of its own: it writes `path` two seconds later."""
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        time.sleep(2)
+        open(path, "w").write("written late")
+        os._exit(0)
+    return {"status": "ok", "pid": pid}
+
+
+def test_a_grandchild_forked_without_exec_does_not_outlive_its_child(tmp_path):
+    """fork() + setsid() without exec: the grandchild leaves the process group and never execs, so only a token in
+    the environment the child was started with (which a fork keeps) finds it; it is ended with the child."""
+    [p] = run_isolated(fork_late, [str(tmp_path / "late")], timeout_s=30)
+    time.sleep(3)
+    status = f"/proc/{p['pid']}/status"
+    assert not os.path.exists(status) or "zombie" in open(status).read()
+    assert not (tmp_path / "late").exists(), "the grandchild lived on and wrote its file"
+
+
 def test_the_childs_stdout_is_its_stderr(capfd):
     [p] = run_isolated(prints, ["x"], timeout_s=30)
     out, err = capfd.readouterr()
