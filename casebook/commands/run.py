@@ -14,8 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook.commands import console as terminal
+from casebook.levels import regressions
 from casebook.roofline import host_bound
-from casebook.schema import IntensityCheck, Point, Result, WorkloadSummary, shape_label, shape_named
+from casebook.schema import IntensityCheck, Point, Result, shape_label, shape_named
 
 console = terminal(stderr=True)
 out = terminal()
@@ -293,17 +294,6 @@ def _points_table(title: str, points: list[Point], weighted: bool = False) -> Ta
     return t
 
 
-def _regressions(row: WorkloadSummary, points: list[Point]) -> str:
-    """Shapes slower than the baseline, and the shapes never timed: 'none' only when every shape ran."""
-    slower = ", ".join(shape_label(r) for r in row.regressions or [])
-    mine = [p for p in points if p.variant == row.variant]
-    untimed = [p for p in mine if p.status not in ("ok", "checked")]
-    if not untimed:
-        return slower or "none"
-    kinds = ", ".join(sorted({str(p.status) for p in untimed}))
-    return f"{len(untimed)} of {len(mine)} shapes not timed ({kinds})" + (f"; slower at {slower}" if slower else "")
-
-
 def report(result: Result) -> None:
     hw = result.hardware
     m = hw.measured
@@ -324,7 +314,7 @@ def report(result: Result) -> None:
     for row in w.summary:
         s.add_row(row.variant, _fmt(row.geomean_speedup, ".2f"), _fmt(row.worst_speedup, ".2f"),
                   shape_label(row.worst_shape) if row.worst_shape else "-",
-                  _regressions(row, w.points))
+                  regressions(row, w.points))
     out.print(s)
     e = result.end_to_end
     line = f"[bold]Level 3[/bold] {e.baseline} -> {e.variant}: {e.status}"
