@@ -186,13 +186,19 @@ def source_sha256(root: Path | None = None) -> str:
     return digest.hexdigest()
 
 
+MEASURED_PATHS = ("casebook", "cases", "pyproject.toml")
+"""What a run measures with, in a checkout: the harness and the kernels, the cases, the declared dependencies. An
+edit there makes a run `casebook_dirty`; a result a run stored in results/ (the run before it, in a batch) does
+not."""
+
+
 def _git() -> dict:
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED_PATHS],
+                               cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {"casebook_commit": None, "casebook_dirty": None}
     if len(commit) != 40:  # not a git checkout (a copied tree): say nothing rather than something wrong

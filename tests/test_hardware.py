@@ -162,3 +162,26 @@ def test_a_cache_that_is_not_ceilings_is_measured_again_not_believed(tmp_path, m
     cache.write_text(json.dumps({**json.loads(cache.read_text()), **tamper}))
     monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(14.0))
     assert hardware.ceilings()["copy_gbps"] == 14.0
+
+
+def test_a_checkout_is_dirty_by_its_code_and_cases_not_by_the_results_it_stores(tmp_path, monkeypatch):
+    """`casebook_dirty`: an edit to the harness, a kernel or a case; not a result stored in results/ (in a batch,
+    each `run --save` made every later run of it read dirty, and the stored H200 results all say so)."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    for folder in ("casebook", "cases", "results"):
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / "f.txt").write_text("one\n")
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "x", "--allow-empty")
+    git("add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "files")
+    fake = repo / "casebook" / "hardware.py"
+    monkeypatch.setattr(hardware, "__file__", str(fake))
+    assert hardware._git()["casebook_dirty"] is False
+    (repo / "results" / "f.txt").write_text("a result stored\n")
+    assert hardware._git()["casebook_dirty"] is False
+    (repo / "cases" / "f.txt").write_text("a case edited\n")
+    assert hardware._git()["casebook_dirty"] is True
