@@ -80,3 +80,17 @@ def test_the_result_schema_refuses_an_undeclared_key():
     result["hardware"]["measured"]["surprise_gbps"] = 1.0
     with pytest.raises(jsonschema.ValidationError, match="'surprise_gbps' was unexpected"):
         jsonschema.validate(result, doc)
+
+
+def test_the_text_cap_leaves_the_committed_schema_whatever_pydantic_writes_of_it():
+    """pydantic 2.14 writes a config's `str_max_length` into every text's and key's schema, 2.13 nowhere."""
+    from casebook.commands.schema import _uncap_texts
+
+    written = {"properties": {"note": {"type": "string", "maxLength": 20000, "title": "Note"},
+                              "slug": {"type": "string", "maxLength": 64},
+                              "terms": {"type": "object", "propertyNames": {"maxLength": 20000}}}}
+    _uncap_texts(written, 20000)
+    assert written == {"properties": {"note": {"type": "string", "title": "Note"},
+                                      "slug": {"type": "string", "maxLength": 64},
+                                      "terms": {"type": "object"}}}
+    assert "20,000 characters" in json_schema_text(result=True)
