@@ -2,7 +2,7 @@
 # attention_paged's access order beyond DRAM bytes, by page size: sectors per request of the global loads (a
 # warp's coalesced 16-byte loads of a 256-byte K/V row fill whole 32-byte sectors), L2 sectors read and DRAM
 # bytes against the model, for the contiguous kernel and the paged ones at B = 8, L = 32K, pages shuffled.
-# One call per (variant, page size) under ncu, through casebook.counters' child (warm-up, then one call
+# One call per (variant, page size) under ncu, through casebook.run.counters' child (warm-up, then one call
 # between profiler marks). Run on a GPU from the repository root:
 #   bash benchmarks/attention_paged_sectors.sh OUT_DIR
 set -uo pipefail
@@ -19,7 +19,7 @@ for run in contiguous:16 triton_paged_static:8 triton_paged_static:16 triton_pag
          \"shape\": {\"batch\": 8, \"heads\": 32, \"kv_heads\": 8, \"seq_kv\": 32768, \"head_dim\": 128,
                     \"page_size\": $page, \"order\": 3}, \"dtype\": \"bf16\"}"
   timeout 100 "$ncu" --clock-control none --profile-from-start off --csv --metrics "$metrics" \
-    python3 -m casebook.counters "$spec" > "$out/$v-$page.csv" 2> "$out/$v-$page.err"
+    python3 -m casebook.run.counters "$spec" > "$out/$v-$page.csv" 2> "$out/$v-$page.err"
   echo "$v, $page-token pages: exit $?"
   python3 - "$out/$v-$page.csv" <<'PY'
 import csv, io, sys

@@ -12,7 +12,7 @@ import sys
 import torch
 import yaml
 
-from casebook.bench import Protocol, time_fn
+from casebook.run.bench import Protocol, time_fn
 
 case = yaml.safe_load(open("cases/softmax_fusion.yaml"))
 rows = []

@@ -12,8 +12,8 @@ import sys
 import torch
 import yaml
 
-from casebook.bench import Protocol, time_fn
 from casebook.kernels import gemm_epilogue as mod
+from casebook.run.bench import Protocol, time_fn
 
 case = yaml.safe_load(open("cases/gemm_epilogue.yaml"))
 rows = []

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from casebook import results
-from casebook.schema import shape_label
+from casebook.result import shape_label
 
 
 def rows(result) -> list[tuple]:

@@ -18,8 +18,8 @@ import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
 
-from casebook.bench import Protocol, _get_flusher, time_fn
 from casebook.kernels import softmax_fusion as k
+from casebook.run.bench import Protocol, _get_flusher, time_fn
 
 
 def profiler_us(fn, reps: int = 50) -> float:

@@ -2,7 +2,7 @@
 # The transpose's memory efficiency beyond DRAM bytes, per variant, at 16384 x 16384 bf16 (the claim's
 # shape): sectors per request of global loads and stores (4 is a warp's coalesced 4-byte access; a
 # naive strided 2-byte write reads up to 32), L2 sectors written, DRAM bytes, and shared-memory bank
-# conflicts of the tiled kernels' turn. One call per variant under ncu, through casebook.counters'
+# conflicts of the tiled kernels' turn. One call per variant under ncu, through casebook.run.counters'
 # child (warm-up, then one call between profiler marks). Run on a GPU from the repository root:
 #   bash benchmarks/transpose_sectors.sh OUT_DIR
 set -uo pipefail
@@ -20,7 +20,7 @@ for v in copy torch_contiguous naive_write_strided naive_read_strided tiled tile
   spec="{\"module\": \"transpose\", \"fn\": \"$v\", \"inputs\": \"make_inputs\", \"traffic\": \"traffic\",
          \"shape\": {\"batch\": 1, \"rows\": 16384, \"cols\": 16384, \"inner\": 1}, \"dtype\": \"bf16\"}"
   timeout 120 "$ncu" --clock-control none --profile-from-start off --csv --metrics "$metrics" \
-    python3 -m casebook.counters "$spec" > "$out/$v.csv" 2> "$out/$v.err"
+    python3 -m casebook.run.counters "$spec" > "$out/$v.csv" 2> "$out/$v.err"
   echo "$v: exit $?"
   python3 - "$out/$v.csv" <<'PY'
 import csv, io, sys

@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-from casebook.schema import (
-    Case,
-    LatencyClaim,
-    MemoryClaim,
-    RegimeClaim,
-    RoofClaim,
-    SpeedupClaim,
-    ThroughputClaim,
-    Where,
-    shape_label,
-)
+from casebook.case import Case, LatencyClaim, MemoryClaim, RegimeClaim, RoofClaim, SpeedupClaim, ThroughputClaim, Where
+from casebook.result import shape_label
 from casebook.stats import weighted_geomean
 
 

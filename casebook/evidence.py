@@ -17,8 +17,7 @@ from pathlib import Path
 
 from casebook import stability
 from casebook.claims import evaluate, pair_key
-from casebook.judge import launch_count
-from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, place
+from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
 
 MAX_BYTES = 32 * 2**20
 """The largest result file read (the stored ones are a few hundred KB)."""

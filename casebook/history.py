@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casebook import results
-from casebook.schema import Result, shape_label
+from casebook.result import Result, shape_label
 
 MOVE = 0.02
 """A median that moved less than this (relative) is the same: run-to-run agreement of the harness."""

@@ -8,9 +8,10 @@ import math
 from collections import Counter
 from typing import Callable
 
-from casebook.check import TOLERANCE
-from casebook.schema import EndToEndLevel, Point, WorkloadSummary, shape_label
+from casebook.case import EndToEndLevel
+from casebook.result import Point, WorkloadSummary, shape_label
 from casebook.stats import weighted_geomean
+from casebook.tolerance import TOLERANCE
 
 REGRESSION = 0.98
 """A workload speedup under this counts as a regression (2% allows for run-to-run noise)."""

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from casebook import schema
+from casebook import case as case_format
 
 MAX_BYTES = 2**20
 """Largest case file read, in bytes (the largest real case is about 12 KB)."""
@@ -74,19 +74,19 @@ class Lines:
         return CaseError(self.path, self.line(loc), _dotted(loc), message, warning)
 
 
-def load_case(path: str | Path) -> schema.Case:
+def load_case(path: str | Path) -> case_format.Case:
     """Load and validate one case file; raise CaseError (all problems in `.errors`)."""
     return read_case(path)[0]
 
 
-def read_case(path: str | Path) -> tuple[schema.Case, Lines]:
+def read_case(path: str | Path) -> tuple[case_format.Case, Lines]:
     """Load and validate one case file, with the line of every field; raise CaseError."""
     data, lines = read_yaml(path)
     data = _migrate(data, lines)
     errors: list[CaseError] = []
     case = None
     try:
-        case = schema.Case.model_validate(data)
+        case = case_format.Case.model_validate(data)
     except ValidationError as e:
         # a default computed from a field that failed (a variant's fn from its name) repeats that error
         errors = [located for err in e.errors() if err["type"] != "default_factory_not_called"
@@ -351,7 +351,7 @@ def _float(value: str) -> float:
 
 def _migrate(data: dict, lines: Lines) -> dict:
     """Bring an older case up to SCHEMA_VERSION in memory; refuse a newer one."""
-    version, current = data.get("schema_version"), schema.SCHEMA_VERSION
+    version, current = data.get("schema_version"), case_format.SCHEMA_VERSION
     if not isinstance(version, int) or isinstance(version, bool) or version == current:
         return data  # a missing or mistyped version is reported by the schema
     if version > current:
@@ -425,7 +425,7 @@ def _message(err: dict, path: tuple) -> str:
         close = difflib.get_close_matches(str(ctx.get("tag")), tags, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}{hint}"
-    if kind == "string_pattern_mismatch" and ctx.get("pattern") == schema.IDENT:
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") == case_format.IDENT:
         return f"{value!r} is not a name: use lower_snake_case (a-z, 0-9 and _, starting with a letter)"
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if kind.endswith("_type") or kind.endswith("_parsing"):
@@ -452,7 +452,7 @@ def _describe(value: Any) -> str:
 
 def _fields_at(loc: tuple) -> list[str]:
     """Field names of the model at `loc` in a Case (for "did you mean"), or [] if it is not a model."""
-    t: Any = schema.Case
+    t: Any = case_format.Case
     for part in loc:
         t = _step(t, part)
         if t is None:

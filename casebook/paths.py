@@ -7,7 +7,12 @@ the book) could publish another file's text in the site and its search index, or
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "casebook"))
+"""casebook's own files outside the book (`$CASEBOOK_CACHE`, default ~/.cache/casebook): measured ceilings, every
+run (`results.runs_dir`), Inductor's kernels."""
 
 
 def refusal(path: Path, root: Path) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from casebook.schema import Ceilings, Point, Result
+from casebook.result import Ceilings, Point, Result
 
 BOUNDS = {
     "bandwidth": "per-SM bandwidth: the source's bytes per SM per second on each of the target's SMs",

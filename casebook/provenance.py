@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from casebook.schema import Result
+    from casebook.result import Result
 
 KERNELS_DIR = Path(__file__).parent / "kernels"
 """The installed kernel modules (`casebook/kernels/<module>.py`)."""

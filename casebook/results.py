@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from casebook.schema import RESULT_SCHEMA_VERSION, Result
+from casebook.result import RESULT_SCHEMA_VERSION, Result
 
 
 def _points(doc: dict) -> list:
@@ -54,7 +54,7 @@ def runs_dir() -> Path:
     """Where `casebook run` keeps every run: `$CASEBOOK_CACHE/runs` (default ~/.cache/casebook/runs), outside
     the repository, so that running a case leaves the work tree as it was. `results/` is written only on
     request (`run --save`, `casebook record`)."""
-    from casebook.hardware import CACHE_DIR
+    from casebook.paths import CACHE_DIR
 
     return CACHE_DIR / "runs"
 

@@ -157,3 +157,13 @@ def ceilings_apart(a: dict, b: dict) -> list[str]:
     return [f"{what} {x:.3g} vs {y:.3g} {unit}" for what, unit, x, y in pairs
             if isinstance(x, (int, float)) and isinstance(y, (int, float)) and min(x, y) > 0
             and max(x, y) / min(x, y) - 1 > CEILINGS_APART]
+
+
+def launch_count(launches: dict, roofs: dict) -> float:
+    """The launch floor in units of one launch: every kernel at its cost inside a CUDA graph, the least a
+    kernel takes on the device. A true lower bound, whatever issues the kernels: a lone kernel timed by
+    events does not wait for the host's pace of issue (`launch_us`), and a 4 MB copy on the H200 took
+    5.5 us where back-to-back launches cost 6.6 us each. The host's own issue time is measured per
+    variant (`host_issue_us`) and decides the regime, not the gate."""
+    kernels = launches["direct"] + launches["graph"]
+    return kernels * roofs["graph_launch_us"] / roofs["launch_us"]

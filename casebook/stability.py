@@ -1,5 +1,5 @@
 """Was a point timed on a quiet machine? Judged from its own spread and the readings that
-`casebook.interference` took around its timing, against the bounds below. Pure functions: a point
+`casebook.run.interference` took around its timing, against the bounds below. Pure functions: a point
 over a bound is unstable, with the reason in numbers, and `casebook check` will not publish it.
 """
 

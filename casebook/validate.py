@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casebook import evidence, provenance, results
+from casebook.case import Case, consistency_problems
 from casebook.load import CaseError, Lines, _located, read_case
 from casebook.paths import refusal
-from casebook.schema import Case, Result, consistency_problems, shape_label
+from casebook.result import Result, shape_label
 
 
 @dataclass
@@ -358,7 +359,7 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
 def check_tolerances(case: Case, lines: Lines) -> list[CaseError]:
     """Warn where a variant's own `tolerance` is far above the bound of a dtype it is checked in
     (`check.OVERRIDE_FLAG`): its check then says little, and the page says so."""
-    from casebook.check import OVERRIDE_FLAG, TOLERANCE, overridden
+    from casebook.tolerance import OVERRIDE_FLAG, TOLERANCE, overridden
 
     dtypes = {*case.levels.kernel.dtypes, case.levels.workload.dtype}
     out = []

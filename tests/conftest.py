@@ -23,7 +23,7 @@ SLOW_FIXTURES = frozenset({"built", "plot_cache", "cheats_run", "payloads"})
 
 def empty_result(slug: str = "nvidia-h200", measured: dict | None = None, **fields) -> dict:
     """A result with nothing measured in it, valid in the result model: every required field at its least."""
-    from casebook.schema import RESULT_SCHEMA_VERSION
+    from casebook.result import RESULT_SCHEMA_VERSION
 
     return {
         "schema_version": RESULT_SCHEMA_VERSION, "case_id": "toy", "case_sha256": "0" * 64, "kernel_sha256": "0" * 64,
@@ -143,7 +143,8 @@ def small_book(tmp_path, monkeypatch):
 
     import torch
 
-    from casebook import hardware
+    from casebook import paths
+    from casebook.run import hardware
 
     cases = tmp_path / "cases"
     cases.mkdir()
@@ -156,7 +157,7 @@ def small_book(tmp_path, monkeypatch):
     (cache / f"ceilings-{hardware.ceilings_key(ident)}.json").write_text(json.dumps(
         {**POOL_CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident["slug"]}))
     monkeypatch.setenv("CASEBOOK_CACHE", str(cache))
-    monkeypatch.setattr(hardware, "CACHE_DIR", cache)
+    monkeypatch.setattr(paths, "CACHE_DIR", cache)
     monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(FIXTURES / "kernels"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.chdir(tmp_path)

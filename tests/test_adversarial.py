@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import casebook.kernels
-from casebook import run
-from casebook.schema import Point, Result
+from casebook.result import Point, Result
+from casebook.run import assemble, orchestrate
 
 from conftest import REPO
 
@@ -115,7 +115,7 @@ def attacked(tmp_path_factory):
         mp.setenv("ATTACKS_MARKS", str(marks))
         mp.setenv("ATTACKS_LATE_FILE", str(late))
         mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(ATTACKS_DIR)])
-        result = run.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
+        result = orchestrate.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
     return result, marks, late
 
 
@@ -172,7 +172,7 @@ def test_a_grandchild_does_not_outlive_its_parent(attacked):
     assert not late.exists()
 
 
-# --- the device crossing: memory the parent lends (`casebook.transport`), over shared host memory here ----------------
+# --- the device crossing: memory the parent lends (`casebook.run.transport`), over shared host memory here ------------
 
 CROSSING = {
     # attack: words its error must hold (None: any failure will do)
@@ -204,7 +204,7 @@ def attacked_on_device(tmp_path_factory):
         mp.setenv("CASEBOOK_TRANSPORT", "device")
         mp.setenv("CASEBOOK_SPILL_DIR", str(spill))
         mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(ATTACKS_DIR)])
-        result = run.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
+        result = orchestrate.run_case(path, quick=True, timeout_s=60, ceilings=CEILINGS)
     return result, marks, spill
 
 
@@ -231,7 +231,7 @@ def test_the_stored_document_is_judged_and_loadable(attacked, tmp_path):
     from casebook import results
 
     result = attacked[0]
-    assert run.failed(result)
+    assert assemble.failed(result)
     stored = results.load(results.save(result, tmp_path))
     assert stored == result and stored.case_id == "attacks"
 
@@ -287,8 +287,8 @@ def test_sigterm_ends_the_run_and_its_children(tmp_path):
 def test_a_point_without_its_sampled_timed_calls_is_refused():
     """The judge requires every call the harness keeps: a child whose sampler was emptied sends its two checks
     alone, and its timed calls were never seen (a graph's replays are not sampled, and none are required there)."""
-    from casebook import judge
-    from casebook.measure import Task
+    from casebook.run import judge
+    from casebook.run.child import Task
 
     task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
                 device="cpu", timed=True, seed=1, protocol={})

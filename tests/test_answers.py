@@ -1,7 +1,7 @@
-"""casebook.answers: the reference's answers asked for once a run and shared by every variant of the ladder.
+"""casebook.run.answers: the reference's answers asked for once a run and shared by every variant of the ladder.
 
 No child processes: the reference's child is stood for by an object answering in this process
-(`casebook.oracle.work`), which counts what it is asked. The kernel module is the tests' cheats.py
+(`casebook.run.oracle.work`), which counts what it is asked. The kernel module is the tests' cheats.py
 (tests/fixtures/kernels), importable here as `casebook.kernels.cheats` through the package's path.
 """
 
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import casebook.kernels
-from casebook import run, transport
-from casebook.answers import Answers, fixed_seeds
-from casebook.bench import QUICK
-from casebook.measure import Task
-from casebook.oracle import OracleTask, work
+from casebook.run import orchestrate, transport
+from casebook.run.answers import Answers, fixed_seeds
+from casebook.run.bench import QUICK
+from casebook.run.child import Task
+from casebook.run.oracle import OracleTask, work
 
 KERNELS_DIR = Path(__file__).parent / "fixtures" / "kernels"
 SHAPE = {"rows": 4, "cols": 8}
@@ -243,7 +243,7 @@ def test_a_failure_leaves_what_was_kept_before_it():
 def test_fixed_seeds():
     assert fixed_seeds(task(seed=100)) == (100, 101, 103)
     assert fixed_seeds(task(seed=100, timed=False)) == (100, 101)
-    assert set(fixed_seeds(task(seed=100))) <= run.reference_seeds(task(seed=100))
+    assert set(fixed_seeds(task(seed=100))) <= orchestrate.reference_seeds(task(seed=100))
 
 
 # --- the room a variant's child is lent -------------------------------------------------------------------
@@ -256,25 +256,27 @@ def expected(*outputs, is_tuple: bool | None = None) -> dict:
 
 def test_call_bytes_counts_float_outputs_at_the_points_dtype():
     f64 = torch.zeros(300, dtype=torch.float64)  # the reference's float64: the variant returns the point's dtype
-    assert run.call_bytes(expected(f64), "bf16") == transport.aligned(600) == 1024
-    assert run.call_bytes(expected(f64), "fp32") == transport.aligned(1200) == 1536
-    assert run.call_bytes(expected(f64), "fp64") == transport.aligned(2400) == 2560
-    assert run.call_bytes(expected(torch.zeros(256, dtype=torch.float64)), "bf16") == transport.ALIGN, "exactly one"
-    assert run.call_bytes(expected(torch.zeros(1, dtype=torch.float64)), "bf16") == transport.ALIGN
+    assert orchestrate.call_bytes(expected(f64), "bf16") == transport.aligned(600) == 1024
+    assert orchestrate.call_bytes(expected(f64), "fp32") == transport.aligned(1200) == 1536
+    assert orchestrate.call_bytes(expected(f64), "fp64") == transport.aligned(2400) == 2560
+    one = expected(torch.zeros(256, dtype=torch.float64))
+    assert orchestrate.call_bytes(one, "bf16") == transport.ALIGN, "exactly one"
+    assert orchestrate.call_bytes(expected(torch.zeros(1, dtype=torch.float64)), "bf16") == transport.ALIGN
 
 
 def test_call_bytes_sums_a_tuples_outputs_each_aligned():
     f64, small = torch.zeros(3, 5, dtype=torch.float64), torch.zeros(7, dtype=torch.float64)
-    assert run.call_bytes(expected(f64, small), "bf16") == 2 * transport.ALIGN
-    assert run.call_bytes(expected(torch.zeros(1000, dtype=torch.float64), small), "fp32") == 4096 + transport.ALIGN
+    assert orchestrate.call_bytes(expected(f64, small), "bf16") == 2 * transport.ALIGN
+    wide = expected(torch.zeros(1000, dtype=torch.float64), small)
+    assert orchestrate.call_bytes(wide, "fp32") == 4096 + transport.ALIGN
 
 
 def test_call_bytes_keeps_integer_outputs_own_itemsize():
     idx = torch.zeros(300, dtype=torch.int64)
     i32 = torch.zeros(300, dtype=torch.int32)
-    assert run.call_bytes(expected(idx), "bf16") == transport.aligned(2400)
-    assert run.call_bytes(expected(i32), "bf16") == transport.aligned(1200)
-    assert run.call_bytes(expected(torch.zeros(300, dtype=torch.float64), idx), "bf16") == 1024 + 2560
+    assert orchestrate.call_bytes(expected(idx), "bf16") == transport.aligned(2400)
+    assert orchestrate.call_bytes(expected(i32), "bf16") == transport.aligned(1200)
+    assert orchestrate.call_bytes(expected(torch.zeros(300, dtype=torch.float64), idx), "bf16") == 1024 + 2560
 
 
 @pytest.mark.parametrize("payload", [
@@ -283,11 +285,11 @@ def test_call_bytes_keeps_integer_outputs_own_itemsize():
     {"status": "ok", "expected": {"5": {"tuple": False, "outputs": ["not a tensor"]}}},
 ])
 def test_call_bytes_of_nothing_is_zero(payload):
-    assert run.call_bytes(payload, "bf16") == 0
+    assert orchestrate.call_bytes(payload, "bf16") == 0
 
 
 def test_call_bytes_of_a_real_answer():
     a = answers(CountingOracle())
     for dtype, size in (("fp32", 4), ("bf16", 2)):
         t = replace(task(), dtype=dtype, shape={"rows": 16, "cols": 100})
-        assert run.call_bytes(a.get(t, fixed_seeds(t)), dtype) == transport.aligned(1600 * size)
+        assert orchestrate.call_bytes(a.get(t, fixed_seeds(t)), dtype) == transport.aligned(1600 * size)

@@ -1,4 +1,4 @@
-"""casebook.autotune: finding the kernel modules' autotuners and naming the configuration each one ran."""
+"""casebook.run.autotune: finding the kernel modules' autotuners and naming the configuration each one ran."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from casebook import autotune
+from casebook.run import autotune
 
 
 @triton.jit

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-import casebook.bench as bench
-from casebook.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, Protocol, slack_us, time_fn
+import casebook.run.bench as bench
+from casebook.run.bench import HOST_SLACK_MARGIN, HOST_SLACK_US, Protocol, slack_us, time_fn
 
 QUICK = Protocol(warmup_ms=1.0, min_reps=5, max_reps=5, time_cap_s=0.1)
 

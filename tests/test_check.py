@@ -1,4 +1,4 @@
-"""casebook.check: every way a kernel can be wrong or cheat is caught, in process, before any timing.
+"""casebook.run.check: every way a kernel can be wrong or cheat is caught, in process, before any timing.
 
 The broken kernels live in tests/fixtures/kernels/cheats.py; each test loads a fresh copy (the caching
 cheats keep state). The same kernels go through a child process in test_measure.py and through the whole
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from casebook import schema
-from casebook.check import TOLERANCE, TORCH_DTYPES, CheckFailed, check, upcast
+from casebook import case
+from casebook.run.check import TORCH_DTYPES, CheckFailed, check, upcast
+from casebook.tolerance import TOLERANCE
 
 CHEATS = Path(__file__).parent / "fixtures" / "kernels" / "cheats.py"
 SHAPE = {"rows": 64, "cols": 1000}
@@ -35,7 +36,7 @@ def run_check(mod, fn: str, dtype: str = "fp32", shape: dict = SHAPE, seeds=(11,
 
 
 def test_every_schema_dtype_has_a_tolerance():
-    dtypes = set(typing.get_args(schema.Dtype))
+    dtypes = set(typing.get_args(case.Dtype))
     assert set(TOLERANCE) == dtypes
     assert dtypes - set(TORCH_DTYPES) <= {"fp8_e4m3", "fp8_e5m2"}  # only where this torch lacks fp8
 
@@ -196,7 +197,7 @@ def test_what_spreads_thin_fails_the_row_bound(cheats, fn):
 
 
 def test_a_far_looser_own_tolerance_is_flagged():
-    from casebook.check import OVERRIDE_FLAG, bounds, overridden
+    from casebook.tolerance import OVERRIDE_FLAG, bounds, overridden
 
     assert not overridden("bf16", None) and not overridden("bf16", 0.05)
     assert overridden("bf16", TOLERANCE["bf16"] * OVERRIDE_FLAG * 1.01)
@@ -207,7 +208,7 @@ def test_a_far_looser_own_tolerance_is_flagged():
 def test_the_judgement_in_slices_is_the_judgement_whole(monkeypatch, shape):
     """A large output is compared a slice of rows at a time (the judge's memory beside the children's on a
     full GPU): the same errors as in one piece, and a NaN in the last slice is still found."""
-    from casebook import check as check_mod
+    from casebook.run import check as check_mod
 
     g = torch.Generator().manual_seed(3)
     expected = torch.randn(shape, generator=g, dtype=torch.float64)
@@ -222,7 +223,7 @@ def test_the_judgement_in_slices_is_the_judgement_whole(monkeypatch, shape):
 
 
 def test_one_bad_row_in_a_late_slice_fails_the_row_bound(monkeypatch):
-    from casebook import check as check_mod
+    from casebook.run import check as check_mod
 
     monkeypatch.setattr(check_mod, "CHUNK_ELEMENTS", 64 * 10)
     expected = torch.randn(5000, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)

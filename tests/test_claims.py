@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from casebook.case import Case
 from casebook.claims import evaluate
 from casebook.load import load_case
-from casebook.schema import Case, shape_label
+from casebook.result import shape_label
 
 from conftest import SOFTMAX
 

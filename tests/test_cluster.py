@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from casebook.cluster import hardware_resource, ship, task_options
-from casebook.pool import Job
+from casebook.run.cluster import hardware_resource, ship, task_options
+from casebook.run.pool import Job
 
 
 def test_a_case_asks_for_a_gpu_a_device_and_its_hardwares_label():
@@ -30,7 +30,7 @@ def test_the_book_is_shipped_without_its_results(tmp_path):
 def local_ray(small_book, monkeypatch):
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local test cluster: no token written to ~/.ray
-    from casebook import hardware
+    from casebook.run import hardware
 
     slug = hardware.identify()["slug"]
     ray.init(num_cpus=2, num_gpus=2, resources={hardware_resource(slug): 2}, include_dashboard=False,
@@ -60,7 +60,7 @@ def test_two_cpu_cases_run_as_ray_tasks_and_land_with_the_caller(local_ray, smal
 
 
 def test_what_the_cluster_does_not_offer_is_said_not_waited_for():
-    from casebook.cluster import lacking
+    from casebook.run.cluster import lacking
 
     opts = task_options(Job(Path("a.yaml"), devices=2), "nvidia-h200")
     assert lacking(opts, {"GPU": 8.0, "hardware:nvidia-h200": 8.0, "CPU": 64.0}) is None

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from casebook.commands import compare
-from casebook.schema import Result
+from casebook.result import Result
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = json.loads((REPO / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())

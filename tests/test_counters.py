@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from casebook import counters
 from casebook.load import load_case
-from casebook.schema import Result
+from casebook.result import Result
+from casebook.run import counters
 
 from conftest import SOFTMAX as CASE
 from conftest import empty_result

@@ -1,10 +1,10 @@
-"""casebook.cuda_ipc without a GPU: a handle's 64 bytes cross as hex whole, zero bytes included."""
+"""casebook.run.cuda_ipc without a GPU: a handle's 64 bytes cross as hex whole, zero bytes included."""
 
 from __future__ import annotations
 
 import pytest
 
-from casebook.cuda_ipc import CudaError, _Handle, handle_from_hex, handle_to_hex
+from casebook.run.cuda_ipc import CudaError, _Handle, handle_from_hex, handle_to_hex
 
 
 def test_a_handle_crosses_whole_with_zero_bytes_inside():

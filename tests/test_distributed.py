@@ -1,4 +1,4 @@
-"""casebook.distributed: a multi-device task on its ranks (two over gloo here), the slowest rank reported,
+"""casebook.run.distributed: a multi-device task on its ranks (two over gloo here), the slowest rank reported,
 a hanging or dying rank contained."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from casebook.bench import Protocol
-from casebook.distributed import lockstep, merge
-from casebook.isolate import run_isolated
-from casebook.measure import Task, work
+from casebook.run.bench import Protocol
+from casebook.run.child import Task, work
+from casebook.run.distributed import lockstep, merge
+from casebook.run.isolate import run_isolated
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
 FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm"))
@@ -50,7 +50,7 @@ def test_merge_sends_every_ranks_repetitions_and_reading():
 
 
 def test_the_parent_takes_the_slowest_rank_again_from_the_repetitions():
-    from casebook.judge import ranks_problem, slowest_rank
+    from casebook.run.judge import ranks_problem, slowest_rank
 
     run = {"times_us": [1.0], "slowest_rank": 0, "rank_median_us": [1.0, 1.0],  # what a child may claim
            "rank_times_us": [[9.0, 10.0, 11.0], [20.0, 30.0, 40.0]], "rank_interference": [{"a": 0}, {"a": 1}]}
@@ -102,9 +102,9 @@ def _ranked_here(monkeypatch) -> None:
 
 
 def _judged(t: Task, raw: dict) -> dict:
-    from casebook import judge
-    from casebook.oracle import OracleTask
-    from casebook.oracle import work as oracle_work
+    from casebook.run import judge
+    from casebook.run.oracle import OracleTask
+    from casebook.run.oracle import work as oracle_work
 
     seeds = sorted({c["seed"] for calls in raw["rank_calls"] for c in calls})
     answers = oracle_work(OracleTask(module="ranked", shape=t.shape, dtype=t.dtype, device="cpu", seeds=tuple(seeds),
@@ -171,7 +171,7 @@ def test_a_foreign_burner_beside_two_ranks_is_a_busy_machine(monkeypatch):
 
 @pytest.mark.slow
 def test_the_link_is_measured():
-    from casebook.distributed import measure_topology
+    from casebook.run.distributed import measure_topology
 
     topo = measure_topology(2, "cpu", timeout_s=120)
     assert topo["devices"] == 2 and topo["backend"] == "gloo" and topo["link"] == "loopback"
@@ -195,7 +195,7 @@ def test_a_dying_rank_is_recorded_and_the_others_ended():
 
 def test_the_hardware_page_gains_the_interconnect_ceiling():
     from casebook.render.pages import _ceiling_rows
-    from casebook.schema import Hardware
+    from casebook.result import Hardware
 
     hw = Hardware.model_validate(
         {"slug": "gpu-x2", "name": "GPU", "kind": "gpu",
@@ -207,7 +207,7 @@ def test_the_hardware_page_gains_the_interconnect_ceiling():
 
 
 def test_two_devices_are_another_machine():
-    from casebook import hardware
+    from casebook.run import hardware
 
     assert hardware.identify(devices=2)["slug"] == hardware.identify()["slug"] + "-x2"
 
@@ -236,8 +236,8 @@ def test_the_traffic_model_names_its_link_bytes(monkeypatch):
 
 
 def test_a_ranked_point_is_placed_against_the_link_and_placed_again_on_load():
-    from casebook import judge
     from casebook.evidence import point_problems
+    from casebook.run import judge
 
     roofs = {**ROOFS, "bandwidth_gbps": 1e6, "link_gbps": 1.0}  # memory far faster than the link
     t = task("honest", roofs=roofs)
@@ -258,7 +258,7 @@ def test_the_roofline_of_a_multi_device_result_is_drawn_against_the_link():
     from types import SimpleNamespace
 
     from casebook.render import figures, plots
-    from casebook.schema import Hardware, Point
+    from casebook.result import Hardware, Point
 
     point = Point(variant="allreduce_separate", shape={"tokens": 4, "hidden": 1024}, dtype="bf16", status="ok",
                   flops=8e4, bytes=1.3e5, link_bytes=8e3, arithmetic_intensity=8e4 / 1.3e5, tflops=1e-5,

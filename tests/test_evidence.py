@@ -129,7 +129,7 @@ def test_check_refuses_a_forged_result(make_case, tmp_path):
 def test_a_text_longer_than_any_the_harness_writes_is_refused(stored):
     """An 8 MiB error string would make an 8 MiB page: a result's texts are capped (the longest a case's prose may
     be), and a longer one is no valid result."""
-    from casebook.schema import RECORD_TEXT_MAX
+    from casebook.result import RECORD_TEXT_MAX
 
     path, doc, case = stored
     doc["kernel_level"][0]["error"] = "x" * (RECORD_TEXT_MAX + 1)

@@ -1,4 +1,4 @@
-"""casebook.hardware: the registry, and the source hash that names the harness code that measured."""
+"""casebook.run.hardware: the registry, and the source hash that names the harness code that measured."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from casebook import hardware, roofline
+from casebook import paths, roofline
+from casebook.run import hardware
 
-PACKAGE = Path(hardware.__file__).resolve().parent
+PACKAGE = Path(hardware.__file__).resolve().parents[1]
 
 
 def test_source_hash_names_the_code_not_the_checkout(tmp_path):
@@ -68,7 +69,7 @@ def test_ceilings_apart_over_a_fifth():
 
 
 def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
-    from casebook.hardware import ceilings_implausible
+    from casebook.run.hardware import ceilings_implausible
 
     sheet = {"datasheet": {"bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}}
     good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0}
@@ -84,7 +85,7 @@ def fake_ceilings(copy_gbps: float) -> dict:
 
 
 def test_ceilings_measured_on_a_busy_machine_are_measured_again_and_never_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
     attempts = iter([fake_ceilings(3.7), fake_ceilings(12.0), fake_ceilings(9.0)])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: next(attempts))
@@ -122,7 +123,7 @@ def test_each_gpu_of_a_host_has_its_own_ceilings_and_is_named_in_the_result(monk
 def test_a_cpus_matmul_ceilings_are_each_measured_in_their_own_dtype():
     """No rate copied from another: fp32, fp64, bf16 and fp16 each timed (one 2-core EPYC: 0.17, 0.08, 0.41 and
     0.001 TFLOP/s); a CPU has no tf32, so none is reported and its points fall under the fp32 roof."""
-    from casebook.hardware import CPU_MATMULS, measure_cpu
+    from casebook.run.hardware import CPU_MATMULS, measure_cpu
 
     measured = measure_cpu()
     assert sorted(measured["matmul_tflops"]) == sorted(name for name, _, _ in CPU_MATMULS) == [
@@ -134,9 +135,9 @@ def test_a_cpus_matmul_ceilings_are_each_measured_in_their_own_dtype():
 def test_the_ceilings_say_whether_they_were_measured_now_or_read_from_the_cache(tmp_path, monkeypatch):
     import time
 
-    from casebook import hardware
+    from casebook.run import hardware
 
-    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(hardware, "identify", lambda devices=1: {"slug": "cpu-x-2c-24g", "kind": "cpu"})
     now = time.time()
     stamp = hardware.datetime.datetime.now(hardware.datetime.timezone.utc).isoformat()
@@ -153,7 +154,7 @@ def test_the_ceilings_say_whether_they_were_measured_now_or_read_from_the_cache(
 def test_a_cache_that_is_not_ceilings_is_measured_again_not_believed(tmp_path, monkeypatch, tamper):
     """The cache is a file any process of the user can write (a variant's child among them): one with a key of its
     own or a rate of the wrong type once ended every later run with a ValidationError; now it is measured again."""
-    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
     monkeypatch.setattr(hardware.stability, "reasons", lambda point, device: [])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(13.0))
@@ -178,7 +179,7 @@ def test_a_checkout_is_dirty_by_its_code_and_cases_not_by_the_results_it_stores(
     git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "x", "--allow-empty")
     git("add", ".")
     git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "files")
-    fake = repo / "casebook" / "hardware.py"
+    fake = repo / "casebook" / "run" / "hardware.py"
     monkeypatch.setattr(hardware, "__file__", str(fake))
     assert hardware._git()["casebook_dirty"] is False
     (repo / "results" / "f.txt").write_text("a result stored\n")

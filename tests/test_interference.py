@@ -1,4 +1,4 @@
-"""casebook.interference: readings around a timing, and the GPU's state through nvidia-smi."""
+"""casebook.run.interference: readings around a timing, and the GPU's state through nvidia-smi."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from casebook import interference
+from casebook.run import interference
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -66,7 +66,7 @@ def test_gpu_state_leaves_out_the_runs_other_workers_not_a_stranger(tmp_path, mo
         smi.write_text(FAKE_SMI.format(me=sibling.pid))
         smi.chmod(0o755)
         env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
-        probe = ("from casebook import interference; interference._nvml_state = lambda index: None; "
+        probe = ("from casebook.run import interference; interference._nvml_state = lambda index: None; "
                  "print(interference.gpu_state()['other_processes'])")
         seen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     finally:

@@ -1,4 +1,4 @@
-"""casebook.isolate: a crash, a hang or an exception in one task is recorded, and the remaining tasks run.
+"""casebook.run.isolate: a crash, a hang or an exception in one task is recorded, and the remaining tasks run.
 
 The workers here import nothing heavy, so each child starts in a fraction of a second. (They are pickled
 by name: the child imports this module, found through the sys.path the parent passes to spawned children.)
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from casebook.isolate import run_isolated
+from casebook.run.isolate import run_isolated
 
 pytestmark = pytest.mark.slow  # every test runs child processes
 
@@ -36,8 +36,8 @@ def worker(task: str) -> dict:
 
         x = torch.arange(2**19, dtype=torch.float32)  # 2 MiB: over the spill size
         if task == "spill then die":
-            from casebook.isolate import TOKEN_ENV
-            from casebook.transport import Spill
+            from casebook.run.isolate import TOKEN_ENV
+            from casebook.run.transport import Spill
 
             Spill(os.environ[TOKEN_ENV]).write(x.numpy())
             os._exit(5)
@@ -118,7 +118,7 @@ def test_every_task_crashing():
 def test_a_message_round_trips_tensors_as_data():
     import torch
 
-    from casebook.transport import decode, encode
+    from casebook.run.transport import decode, encode
 
     x = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
     back = decode(encode({"a": [x, 1.5, "s"], "empty": torch.empty(0, 4)}))
@@ -130,7 +130,7 @@ def test_a_forged_message_is_refused_not_run():
     import pickle
     import struct
 
-    from casebook.transport import BadMessage, decode, encode
+    from casebook.run.transport import BadMessage, decode, encode
 
     with pytest.raises(BadMessage):
         decode(pickle.dumps(os.system))  # a pickle is not a message: never unpickled
@@ -149,7 +149,7 @@ def test_a_message_crosses_the_pipe_a_frame_a_tensor():
 
     import torch
 
-    from casebook.transport import receive, send
+    from casebook.run.transport import receive, send
 
     a, b = mp.Pipe()
     x = torch.randn(3, 5).to(torch.bfloat16)
@@ -176,7 +176,7 @@ def _frames(header: dict, *blobs: bytes):
 def test_a_tensor_frame_of_another_length_than_its_header_is_refused(blob):
     import time
 
-    from casebook.transport import BadMessage, receive
+    from casebook.run.transport import BadMessage, receive
 
     header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16]}
     with pytest.raises(BadMessage):
@@ -186,7 +186,7 @@ def test_a_tensor_frame_of_another_length_than_its_header_is_refused(blob):
 def test_a_header_over_the_limit_is_refused_before_any_tensor_is_read():
     import time
 
-    from casebook.transport import BadMessage, receive
+    from casebook.run.transport import BadMessage, receive
 
     header = {"body": {"__tensor__": 0, "dtype": "uint8", "shape": [2**40]}, "blobs": [2**40]}
     with pytest.raises(BadMessage, match="over the limit"):
@@ -196,7 +196,7 @@ def test_a_header_over_the_limit_is_refused_before_any_tensor_is_read():
 def test_a_child_that_sends_its_header_then_stops_runs_out_of_time():
     import time
 
-    from casebook.transport import receive
+    from casebook.run.transport import receive
 
     header = {"body": {"__tensor__": 0, "dtype": "float32", "shape": [4]}, "blobs": [16]}
     t0 = time.monotonic()
@@ -219,7 +219,7 @@ def test_a_large_tensor_crosses_through_shared_memory_and_leaves_nothing(tmp_pat
 def test_a_spilled_tensor_must_be_a_file_of_the_childs_own(tmp_path, monkeypatch, name):
     import time
 
-    from casebook.transport import BadMessage, receive
+    from casebook.run.transport import BadMessage, receive
 
     monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
     (tmp_path / "casebook-0000-1").write_bytes(b"\0" * 16)
@@ -231,7 +231,7 @@ def test_a_spilled_tensor_must_be_a_file_of_the_childs_own(tmp_path, monkeypatch
 def test_a_spilled_file_of_another_length_than_its_header_is_refused(tmp_path, monkeypatch):
     import time
 
-    from casebook.transport import BadMessage, receive
+    from casebook.run.transport import BadMessage, receive
 
     monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
     (tmp_path / "casebook-abc-1").write_bytes(b"\0" * 8)
@@ -304,7 +304,7 @@ def prints(task: str) -> dict:
 def test_a_child_started_ahead_answers_its_first_request():
     """`Worker.start`: the child is up before the first request (a GPU run starts the next variant's this way,
     while the one before it is measured), and that request is answered by it."""
-    from casebook.isolate import Worker
+    from casebook.run.isolate import Worker
 
     with Worker(worker) as w:
         assert w.start() is None and w.proc.is_alive()
@@ -318,7 +318,7 @@ def test_a_fifo_in_place_of_a_spilled_file_is_refused_at_once(tmp_path, monkeypa
     it opens without waiting and refuses what is not a regular file."""
     import time
 
-    from casebook.transport import BadMessage, receive
+    from casebook.run.transport import BadMessage, receive
 
     monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
     os.mkfifo(tmp_path / "casebook-abc-1")
@@ -334,7 +334,7 @@ def test_a_spilled_file_with_another_name_too_is_refused(tmp_path, monkeypatch):
     own output: refused."""
     import time
 
-    from casebook.transport import BadMessage, receive
+    from casebook.run.transport import BadMessage, receive
 
     monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
     (tmp_path / "someone-elses").write_bytes(b"\0" * 16)
@@ -349,7 +349,7 @@ def test_a_child_that_may_not_spill_sends_everything_down_the_pipe(tmp_path, mon
     the user could read or replace; a file the child writes itself is cleared when it ends."""
     import torch
 
-    from casebook.isolate import Worker
+    from casebook.run.isolate import Worker
 
     monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
     with Worker(worker, spill=False) as w:

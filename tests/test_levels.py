@@ -33,7 +33,7 @@ def test_workload_summary():
 
 
 def test_regressions_say_none_only_where_every_shape_was_timed():
-    from casebook.schema import Point, WorkloadSummary
+    from casebook.result import Point, WorkloadSummary
 
     def pt(variant: str, rows: int, status: str = "ok", speedup: float | None = 1.0, error: str | None = None) -> Point:
         return Point(variant=variant, shape={"rows": rows, "cols": 8}, dtype="bf16", status=status, speedup=speedup,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from casebook import load, schema
+from casebook import case as case_format
+from casebook import load
 from casebook.load import CaseError, load_case, read_case
 
 from conftest import REPO, SOFTMAX
@@ -274,7 +275,7 @@ def test_older_schema_version_is_migrated_in_memory(make_case, monkeypatch):
         data["levels"]["kernel"]["cache"] = data["levels"]["kernel"].pop("cache_policy")
         return data
 
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(case_format, "SCHEMA_VERSION", 2)
     monkeypatch.setattr(load, "MIGRATIONS", {1: rename_cache})
     case = load_case(path)
     assert (case.schema_version, case.levels.kernel.cache) == (2, "cold")
@@ -282,7 +283,7 @@ def test_older_schema_version_is_migrated_in_memory(make_case, monkeypatch):
 
 
 def test_missing_migration(make_case, refused, line_of, monkeypatch):
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(case_format, "SCHEMA_VERSION", 3)
     monkeypatch.setattr(load, "MIGRATIONS", {2: lambda d: d})
     path = make_case()
     refused(path, line_of(path, "schema_version: 1"), "schema_version", "no migration from schema_version 1")

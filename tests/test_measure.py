@@ -1,4 +1,4 @@
-"""casebook.measure: the work one child does (check, time, re-check, place), run the real way, in a child.
+"""casebook.run.child: the work one child does (check, time, re-check, place), run the real way, in a child.
 
 All the wrong-answer cheats of tests/fixtures/kernels/cheats.py share one child process (each child imports
 torch: seconds); crashes and hangs are in test_isolate.py (bare) and test_run.py (through `casebook run`).
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from casebook.bench import Protocol
-from casebook.check import TOLERANCE
-from casebook.measure import Task
-from casebook.run import execute
+from casebook.run.bench import Protocol
+from casebook.run.child import Task
+from casebook.run.orchestrate import execute
+from casebook.tolerance import TOLERANCE
 
 CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
 SHAPE = {"rows": 64, "cols": 1000}
@@ -143,8 +143,7 @@ def test_end_to_end(payloads):
 
 
 def test_launch_floor_is_every_kernel_at_its_in_graph_cost():
-    from casebook.measure import launch_count
-    from casebook.roofline import Roofs, place
+    from casebook.roofline import Roofs, launch_count, place
 
     roofs = {"launch_us": 6.0, "graph_launch_us": 0.75}
     assert launch_count({"direct": 1, "graph": 0}, roofs) == pytest.approx(0.125)
@@ -158,18 +157,18 @@ def test_launch_floor_is_every_kernel_at_its_in_graph_cost():
 
 
 def _task(**protocol):
-    from casebook.measure import Task
+    from casebook.run.child import Task
 
     return Task(kind="point", module="m", variant="v", fn="f", shape={"n": 1024}, dtype="fp32", level="kernel",
                 device="cuda", timed=True, seed=7, protocol=protocol)
 
 
 def test_a_cold_graph_point_is_timed_on_inputs_taken_in_turn(monkeypatch):
-    import casebook.bench
-    from casebook.bench import Protocol
-    from casebook.measure import input_seeds
+    import casebook.run.bench
+    from casebook.run.bench import Protocol
+    from casebook.run.child import input_seeds
 
-    monkeypatch.setattr(casebook.bench, "l2_bytes", lambda: 64 * 1024)  # 4 KiB inputs: 32 sets span 128 KiB
+    monkeypatch.setattr(casebook.run.bench, "l2_bytes", lambda: 64 * 1024)  # 4 KiB inputs: 32 sets span 128 KiB
     seeds = input_seeds(_task(), Protocol(graph=True, cache="cold"), 4096)
     assert len(seeds) == 32 and len(set(seeds)) == 32  # fresh random sets, not one repeated
     assert input_seeds(_task(), Protocol(graph=True, cache="warm"), 4096) == [7, 8]  # the two checked sets
@@ -179,7 +178,7 @@ def test_a_cold_graph_point_is_timed_on_inputs_taken_in_turn(monkeypatch):
 def test_a_point_under_the_floor_of_busy_ceilings_is_unstable_not_failed():
     """A copy ceiling measured beside a busy process reads low; a time under its floor then says more
     about the ceiling than the kernel: the point is kept, unplaced and unstable (never published)."""
-    from casebook.judge import place_point
+    from casebook.run.judge import place_point
 
     roofs = {"compute_tflops": 1.0, "bandwidth_gbps": 1.0, "launch_us": 1.0, "graph_launch_us": 1.0}
     run = {"times_us": [10.0] * 20, "launches": {"direct": 1, "graph": 0}}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from casebook import pool
-from casebook.pool import Job, cpu_shares, host_devices, run_pool, worker_env
-from casebook.schema import Result
+from casebook.result import Result
+from casebook.run import pool
+from casebook.run.pool import Job, cpu_shares, host_devices, run_pool, worker_env
 
 from conftest import FIXTURES, empty_result
 

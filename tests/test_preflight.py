@@ -1,4 +1,4 @@
-"""casebook.preflight and `casebook run`'s bad states: one located line each, exit 2, no traceback, no child."""
+"""casebook.run.preflight and `casebook run`'s bad states: one located line each, exit 2, no traceback, no child."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from casebook import preflight
+from casebook.run import preflight
 
 
 def test_a_valid_name_with_no_file_is_refused(small_case, line_of):
@@ -64,7 +64,7 @@ def test_finding_a_kernel_module_runs_nothing_of_the_kernels_package(tmp_path, m
     import sys
 
     (tmp_path / "mine.py").write_text("x = 1\n")
-    code = ("import sys; from casebook import provenance, preflight; "
+    code = ("import sys; from casebook import provenance; from casebook.run import preflight; "
             "print(provenance.kernel_source('mine'), provenance.kernel_source('softmax_fusion').name, "
             "'casebook.kernels' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

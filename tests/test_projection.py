@@ -6,7 +6,7 @@ import pytest
 
 from casebook.commands import project as command
 from casebook.projection import ProjectionError, project
-from casebook.schema import Result
+from casebook.result import Result
 
 from conftest import empty_result
 

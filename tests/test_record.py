@@ -15,7 +15,7 @@ import pytest
 from test_stability import TINY_CASE
 
 from casebook.commands.record import refusal
-from casebook.schema import Result
+from casebook.result import Result
 
 from conftest import REPO
 

@@ -15,7 +15,7 @@ import pytest
 from casebook.render import hooks, site, text
 from casebook.render.book import BookError, load_book
 from casebook.render.figures import best_variant
-from casebook.schema import slug
+from casebook.result import slug
 
 from site_helpers import REPO, build_site, copy_cases, copy_results
 
@@ -477,7 +477,7 @@ def test_a_time_refused_by_the_gate_is_not_shown_as_a_wrong_answer(tmp_path: Pat
 
 def test_the_hardware_page_gives_each_ceilings_range_over_the_stored_results():
     from casebook.render.pages import _ceiling_rows
-    from casebook.schema import Hardware
+    from casebook.result import Hardware
 
     def hw(bf16: float, copy: float) -> Hardware:
         return Hardware.model_validate(
@@ -494,7 +494,7 @@ def test_the_hardware_page_gives_each_ceilings_range_over_the_stored_results():
 
 def test_a_counters_row_says_why_it_has_no_gap():
     from casebook.render.views import _gap
-    from casebook.schema import CounterRow
+    from casebook.result import CounterRow
 
     def row(**fields) -> CounterRow:
         return CounterRow(variant="fused", shape={"rows": 4, "cols": 65536}, dtype="fp32", **fields)
@@ -530,7 +530,7 @@ def test_results_under_one_name_with_ceilings_apart_are_drawn_as_two_machines():
     from types import SimpleNamespace
 
     from casebook.render.book import Book, StoredResult
-    from casebook.schema import Hardware
+    from casebook.result import Hardware
 
     fixture_path = REPO / "tests" / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
     fixture = json.loads(fixture_path.read_text())
@@ -554,7 +554,7 @@ def test_two_machines_of_one_name_get_headings_of_their_own():
 
     from casebook.render.book import Book, StoredResult
     from casebook.render.views import machine_titles
-    from casebook.schema import Hardware
+    from casebook.result import Hardware
 
     fixture = json.loads((REPO / "tests/fixtures/results/cpu-x86-64-2c/softmax_fusion.json").read_text())
 

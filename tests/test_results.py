@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from casebook import results
+from casebook.result import RESULT_SCHEMA_VERSION, Result
 from casebook.results import ResultError, load, result_path, save
-from casebook.schema import RESULT_SCHEMA_VERSION, Result
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results" / "cpu-x86-64-2c" / "softmax_fusion.json"
 
@@ -242,9 +242,9 @@ def test_two_runs_started_in_the_same_second_are_kept_apart():
     retry, a script) do not overwrite one another."""
     import re
 
-    from casebook import run
+    from casebook.run import assemble
 
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", run._now("microseconds"))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", assemble.now("microseconds"))
     hw = type("H", (), {"slug": "cpu-x"})()
     paths = {results.run_path(Path("runs"), Result.model_construct(started_at=s, hardware=hw, case_id="c"))
              for s in ("2026-12-04T13:13:54.000001+00:00", "2026-12-04T13:13:54.000002+00:00")}

@@ -1,4 +1,4 @@
-"""A run cut short and resumed: `run.resumable` (what a kept run gives a new one), `run_case(..., resume=)`,
+"""A run cut short and resumed: `resume.resumable` (what a kept run gives a new one), `run_case(..., resume=)`,
 `casebook run` under SIGTERM and `--resume`, and `last_cut_short`.
 
 The case is the tests' own (written to a scratch book): a row softmax whose `gated` variant, at its larger
@@ -24,13 +24,14 @@ import torch
 from rich.console import Console
 
 import casebook.kernels
-from casebook import hardware, isolate, results, run
-from casebook.bench import CPU, QUICK
+from casebook import paths, results
 from casebook.commands import run as command
 from casebook.load import load_case
-from casebook.measure import Task
-from casebook.oracle import work as oracle_work
-from casebook.schema import Result, shape_label
+from casebook.result import Result, shape_label
+from casebook.run import assemble, hardware, isolate, orchestrate, plan, resume
+from casebook.run.bench import CPU, QUICK
+from casebook.run.child import Task
+from casebook.run.oracle import work as oracle_work
 
 from conftest import SOFTMAX, empty_result
 
@@ -165,7 +166,7 @@ def points(result: Result) -> list:
 
 
 def key_of(level: str, p) -> tuple:
-    return run.point_key(level, p.variant, p.shape, p.dtype)
+    return resume.point_key(level, p.variant, p.shape, p.dtype)
 
 
 # --- stand-ins for the children ---------------------------------------------------------------------------
@@ -179,7 +180,7 @@ points are skipped by the run itself: no backend here)."""
 
 
 def stub_payload(task: Task, timed_s: float = 0.125) -> dict:
-    """A payload as `run.execute` hands it over, for `STATUS`'s status at the task's point."""
+    """A payload as `orchestrate.execute` hands it over, for `STATUS`'s status at the task's point."""
     if task.kind == "end_to_end":
         return {"status": "checked"}
     status = STATUS[(task.variant, task.level, task.shape["rows"])]
@@ -203,8 +204,8 @@ def stub_payload(task: Task, timed_s: float = 0.125) -> dict:
 
 
 class StubExecute:
-    """Stands for `run.execute`: each task answered with `stub_payload`, handed to `on_done` as it is; keeps what
-    it was given (the tasks, the points to keep)."""
+    """Stands for `orchestrate.execute`: each task answered with `stub_payload`, handed to `on_done` as it is; keeps
+    what it was given (the tasks, the points to keep)."""
 
     def __init__(self, timed_s: float = 0.125):
         self.tasks: list[Task] = []
@@ -216,7 +217,7 @@ class StubExecute:
         self.reuse.append(reuse)
         out = []
         for i, t in enumerate(tasks):
-            key = run.point_key(t.level, t.variant, t.shape, t.dtype)
+            key = resume.point_key(t.level, t.variant, t.shape, t.dtype)
             if t.kind == "point" and reuse and key in reuse:  # kept, as `execute` keeps it
                 out.append({**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}})
             else:
@@ -252,18 +253,19 @@ class InProcessWorker:
 WORKERS: list[InProcessWorker] = []
 
 
-REAL_EXECUTE = run.execute
+REAL_EXECUTE = orchestrate.execute
 
 
 def stubbed_run(monkeypatch, path: Path, execute, **kw) -> tuple[Result, list[Result], list]:
     """`run_case` with no child process (`execute`: a stand-in, or `REAL_EXECUTE` with `InProcessWorker`'s
     children): (result, checkpoints, progress events)."""
-    monkeypatch.setattr(run, "Worker", InProcessWorker)
-    monkeypatch.setattr(run, "execute", execute)
+    monkeypatch.setattr(orchestrate, "Worker", InProcessWorker)
+    monkeypatch.setattr(orchestrate, "execute", execute)
     seen: list[Result] = []
     events: list = []
     kw.setdefault("ceilings", CEILINGS)
-    result = run.run_case(path, quick=True, checkpoint=seen.append, progress=lambda e, i: events.append((e, i)), **kw)
+    result = orchestrate.run_case(path, quick=True, checkpoint=seen.append,
+                                  progress=lambda e, i: events.append((e, i)), **kw)
     return result, seen, events
 
 
@@ -277,14 +279,14 @@ def kept_run(book, monkeypatch):
 def here(path: Path) -> tuple:
     """What `resumable` compares a kept run against, for a run of `path` here with the quick protocol."""
     case = load_case(path)
-    return case, hardware.identify(devices=case.kernel.devices), QUICK, run._sources(path, case)
+    return case, hardware.identify(devices=case.kernel.devices), QUICK, assemble.sources_of(path, case)
 
 
-# --- run.resumable --------------------------------------------------------------------------------------------
+# --- resume.resumable --------------------------------------------------------------------------------------------
 
 
 def test_a_kept_run_gives_its_measured_points_by_point_key(book, kept_run):
-    reuse, why = run.resumable(kept_run, *here(book / "cases" / "gated.yaml"))
+    reuse, why = resume.resumable(kept_run, *here(book / "cases" / "gated.yaml"))
     assert why is None
     statuses = {key_of(level, p): p.status for level, p in points(kept_run)}
     assert set(statuses.values()) == {"ok", "checked", "failed", "skipped", "crashed", "timeout"}, "every status"
@@ -310,9 +312,9 @@ def test_a_kept_run_gives_its_measured_points_by_point_key(book, kept_run):
 def test_a_kept_run_of_the_same_point_keys_as_the_plan(book, kept_run):
     """The keys `resumable` gives are those `execute` looks the planned tasks up by."""
     path = book / "cases" / "gated.yaml"
-    reuse, _ = run.resumable(kept_run, *here(path))
-    groups = run.plan(load_case(path), False, QUICK, CEILINGS)
-    planned = {run.point_key(t.level, t.variant, t.shape, t.dtype) for g in groups.values() for t in g["tasks"]
+    reuse, _ = resume.resumable(kept_run, *here(path))
+    groups = plan.plan(load_case(path), False, QUICK, CEILINGS)
+    planned = {resume.point_key(t.level, t.variant, t.shape, t.dtype) for g in groups.values() for t in g["tasks"]
                if t.kind == "point"}
     assert planned - set(reuse) == {("kernel", "gated", "16x32", "fp32"), ("kernel", "honest", "16x32", "fp32")}
 
@@ -336,23 +338,23 @@ def _with(result: Result, **fields) -> Result:
 ])
 def test_a_kept_run_that_differs_gives_nothing_and_says_why(book, kept_run, change, words):
     changed = change(kept_run)
-    reuse, why = run.resumable(changed, *here(book / "cases" / "gated.yaml"))
+    reuse, why = resume.resumable(changed, *here(book / "cases" / "gated.yaml"))
     assert reuse == {} and why == words
 
 
 def test_a_kept_run_read_back_from_its_document_is_resumable(book, kept_run):
     """The checkpoint as `--resume` finds it: written, and read back through `results.load`."""
     doc = results.document(kept_run)
-    reuse, why = run.resumable(Result.model_validate(doc), *here(book / "cases" / "gated.yaml"))
+    reuse, why = resume.resumable(Result.model_validate(doc), *here(book / "cases" / "gated.yaml"))
     assert why is None and len(reuse) == 9  # 11 points, less a crash and a timeout
     other = Result.model_validate({**doc, "kernel_sha256": "0" * 64, "hardware": {**doc["hardware"], "slug": "x"}})
-    assert run.resumable(other, *here(book / "cases" / "gated.yaml")) == (
+    assert resume.resumable(other, *here(book / "cases" / "gated.yaml")) == (
         {}, "another kernel code (kernel_sha256), machine")
 
 
 def test_another_protocol_is_refused(book, kept_run):
     case, ident, _, sources = here(book / "cases" / "gated.yaml")
-    assert run.resumable(kept_run, case, ident, CPU, sources) == ({}, "another timing protocol")
+    assert resume.resumable(kept_run, case, ident, CPU, sources) == ({}, "another timing protocol")
 
 
 def test_an_edited_case_is_refused(book, kept_run, tmp_path):
@@ -360,7 +362,7 @@ def test_an_edited_case_is_refused(book, kept_run, tmp_path):
     path = tmp_path / "cases" / "gated.yaml"
     path.parent.mkdir()
     path.write_text((book / "cases" / "gated.yaml").read_text().replace("at_least_gbps: 1.0e-6", "at_least_gbps: 2"))
-    reuse, why = run.resumable(kept_run, *here(path))
+    reuse, why = resume.resumable(kept_run, *here(path))
     assert reuse == {} and "measurement_sha256" in why
 
 
@@ -375,7 +377,7 @@ def test_run_case_resumes_under_the_kept_runs_start_and_ceilings(book, monkeypat
     stub = StubExecute()
     other = {**CEILINGS, "copy_gbps": 2e3}
     result, later, events = stubbed_run(monkeypatch, path, stub, resume=partial, ceilings=other)
-    reuse, _ = run.resumable(partial, *here(path))
+    reuse, _ = resume.resumable(partial, *here(path))
     assert len(reuse) == 3, "gated's three points (one crashed) and honest's first"
     assert stub.reuse and all(r == reuse for r in stub.reuse), "every variant's execute is given the kept points"
     assert result.complete is True and result.started_at == partial.started_at
@@ -406,30 +408,31 @@ def test_run_case_measures_afresh_where_the_kept_run_differs(book, monkeypatch):
     assert (f"not resuming {changed.started_at}: another kernel code (kernel_sha256); measuring afresh") in notes
 
 
-# --- run.execute with kept points ----------------------------------------------------------------------------
+# --- orchestrate.execute with kept points ----------------------------------------------------------------------------
 
 
 def _tasks(path: Path, variant: str) -> list[Task]:
-    return run.plan(load_case(path), False, QUICK, CEILINGS)[variant]["tasks"]
+    return plan.plan(load_case(path), False, QUICK, CEILINGS)[variant]["tasks"]
 
 
 def test_execute_asks_no_child_for_a_kept_point(book, monkeypatch):
     path = book / "cases" / "gated.yaml"
     tasks = _tasks(path, "honest")
-    reuse = {run.point_key(t.level, t.variant, t.shape, t.dtype): stub_payload(t) for t in tasks if t.kind == "point"}
+    reuse = {resume.point_key(t.level, t.variant, t.shape, t.dtype): stub_payload(t)
+             for t in tasks if t.kind == "point"}
     reuse[("kernel", "honest", "16x32", "fp32")] = {"status": "ok", "median_us": 3.0}  # no harness of its own
-    reuse[run.point_key("end_to_end", "honest", tasks[-1].shape, tasks[-1].dtype)] = {"status": "ok"}
+    reuse[resume.point_key("end_to_end", "honest", tasks[-1].shape, tasks[-1].dtype)] = {"status": "ok"}
     before = copy.deepcopy(reuse)
     WORKERS.clear()
-    monkeypatch.setattr(run, "Worker", InProcessWorker)
+    monkeypatch.setattr(orchestrate, "Worker", InProcessWorker)
     done: list[int] = []
-    out = run.execute(tasks, timeout_s=1.0, env={}, answers=object(), reuse=reuse,
+    out = orchestrate.execute(tasks, timeout_s=1.0, env={}, answers=object(), reuse=reuse,
                       on_done=lambda i, p: done.append(i))
     [variant] = WORKERS
     assert [t.kind for t in variant.asked] == ["end_to_end"], "the scenario is measured again; no point is"
     assert done == list(range(len(tasks)))
     for t, p in zip(tasks[:-1], out[:-1]):
-        kept = reuse[run.point_key(t.level, t.variant, t.shape, t.dtype)]
+        kept = reuse[resume.point_key(t.level, t.variant, t.shape, t.dtype)]
         assert p == {**kept, "harness": {**kept.get("harness", {}), "kept": True}}
     assert out[-1]["status"] == "crashed" and "kept" not in out[-1]["harness"]
     assert reuse == before, "the kept payloads are not changed"
@@ -493,7 +496,7 @@ def real_runs(book):
     def once(**kw):
         asked.clear()
         events: list = []
-        out = run.run_case(path, quick=True, timeout_s=TIMEOUT_S, ceilings=CEILINGS,
+        out = orchestrate.run_case(path, quick=True, timeout_s=TIMEOUT_S, ceilings=CEILINGS,
                            progress=lambda e, i: events.append((e, i)), **kw)
         return out, events, list(asked)
 
@@ -505,7 +508,7 @@ def real_runs(book):
             raise Cut()
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(run, "Worker", Counting)
+        mp.setattr(orchestrate, "Worker", Counting)
         whole = once()
         with pytest.raises(Cut):
             once(checkpoint=cut)
@@ -664,7 +667,7 @@ def test_sigterm_keeps_the_checkpoint_and_resume_completes_it(tmp_path):
     assert [p.harness.kept for p in result.kernel_level] == [True, None, None, None]
     assert {p.status for p in result.kernel_level + result.workload_level.points} == {"ok"}
     # 1 only where the level-3 timing was disturbed (a loaded machine): what the result says, not the resume
-    assert resumed.returncode == (1 if run.failed(result) else 0), result.end_to_end
+    assert resumed.returncode == (1 if assemble.failed(result) else 0), result.end_to_end
 
 
 def test_the_printed_resume_command_keeps_the_runs_flags(tmp_path, monkeypatch):
@@ -729,7 +732,7 @@ def _partial(case_id: str, started: str, slug: str | None = None, complete: bool
 
 
 def test_last_cut_short_finds_the_newest_checkpoint_of_the_case_here(tmp_path, monkeypatch):
-    monkeypatch.setattr(hardware, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     case = load_case(SOFTMAX)
     assert command.last_cut_short(case) is None, "no runs folder at all"
     runs = results.runs_dir()

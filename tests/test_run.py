@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 import casebook.kernels
-from casebook import results, run
-from casebook.bench import QUICK
+from casebook import paths, results
+from casebook.case import Variant
 from casebook.load import load_case
 from casebook.provenance import kernel_sha256, measurement_sha256
-from casebook.schema import IntensityCheck, Point, Result, Variant
+from casebook.result import IntensityCheck, Point, Result
+from casebook.run import assemble, orchestrate, plan
+from casebook.run.bench import QUICK
 
 from conftest import REPO, SOFTMAX, empty_result
 
@@ -47,12 +49,12 @@ def variant(*backends: str) -> Variant:
     (("interpreter",), True, ("cpu", False)),
 ])
 def test_placement(backends, on_gpu, where):
-    assert run.placement(variant(*backends), on_gpu) == where
+    assert plan.placement(variant(*backends), on_gpu) == where
 
 
 def test_plan_on_a_cpu():
     case = load_case(SOFTMAX)
-    groups = run.plan(case, on_gpu=False, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=False, protocol=QUICK, ceilings=CEILINGS)
     assert list(groups) == [v.name for v in case.kernel.variants]
     kernel = len(case.levels.kernel.cpu_shapes) * len(case.levels.kernel.dtypes)
     workload = len(case.levels.workload.cpu_shapes)
@@ -75,7 +77,7 @@ def test_plan_on_a_cpu():
 
 def test_plan_on_a_gpu_uses_the_gpu_shapes():
     case = load_case(SOFTMAX)
-    groups = run.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
     assert all(g["device"] == "cuda" and g["timed"] for g in groups.values())
     kernel = [t for t in groups["triton_online"]["tasks"] if t.level == "kernel"]
     assert len(kernel) == len(case.levels.kernel.shapes) * len(case.levels.kernel.dtypes)
@@ -83,42 +85,42 @@ def test_plan_on_a_gpu_uses_the_gpu_shapes():
 
 
 def test_plan_only_keeps_the_baseline():
-    groups = run.plan(load_case(SOFTMAX), on_gpu=False, protocol=QUICK, ceilings=CEILINGS, only=["eager"])
+    groups = plan.plan(load_case(SOFTMAX), on_gpu=False, protocol=QUICK, ceilings=CEILINGS, only=["eager"])
     assert list(groups) == ["eager", "torch_softmax"]
 
 
 def test_plan_checks_a_control_against_its_own_reference():
     case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
-    groups = run.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
     assert {t.reference for t in groups["gluon_pingpong_plain"]["tasks"]} == {"reference_bias"}
     assert {t.reference for t in groups["gluon_pingpong"]["tasks"]} == {"reference"}
 
 
 def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
     case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
-    groups = run.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
     outcomes = {n: [(t, {"status": "ok"}) for t in g["tasks"]] for n, g in groups.items()}
-    pairs = run.pair_tasks(case, "nvidia-h200", outcomes, QUICK)
+    pairs = plan.pair_tasks(case, "nvidia-h200", outcomes, QUICK)
     assert {(t.variant, t.over, t.shape["k"]) for t in pairs} == {
         ("gluon_pingpong", "addmm_gelu", 1024), ("triton_fused", "addmm_gelu", 4096),
         ("gluon_pingpong_tanh", "addmm_gelu_tanh", 1024), ("gluon_pingpong_tanh", "addmm_activation", 1024),
         ("gluon_pingpong", "gluon_pingpong_plain", 1024), ("gluon_pingpong_tanh", "gluon_pingpong_plain", 1024)}
     assert all(t.kind == "pair" and t.level == "kernel" and t.dtype == "bf16" for t in pairs)
     plain = next(t for t in pairs if t.over == "gluon_pingpong_plain")
-    assert plain.over_fn == "gluon_pingpong_plain" and plain.protocol["time_cap_s"] <= run.PAIR_TIME_CAP_S
-    assert run.pair_tasks(case, "cpu-some-thing", outcomes, QUICK) == [], "the claims name the H200"
+    assert plain.over_fn == "gluon_pingpong_plain" and plain.protocol["time_cap_s"] <= plan.PAIR_TIME_CAP_S
+    assert plan.pair_tasks(case, "cpu-some-thing", outcomes, QUICK) == [], "the claims name the H200"
     outcomes["addmm_gelu"] = [(t, {"status": "crashed"}) for t, _ in outcomes["addmm_gelu"]]
-    assert len(run.pair_tasks(case, "nvidia-h200", outcomes, QUICK)) == 4, "no pair without both ladder points"
+    assert len(plan.pair_tasks(case, "nvidia-h200", outcomes, QUICK)) == 4, "no pair without both ladder points"
 
 
 def test_variant_env_keeps_inductor_choices_in_casebooks_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.setattr(run.hardware, "CACHE_DIR", tmp_path)
-    assert run.variant_env(interpreted=True) == {"TRITON_INTERPRET": "1",
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
+    assert plan.variant_env(interpreted=True) == {"TRITON_INTERPRET": "1",
                                                  "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    assert run.variant_env(interpreted=False) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    assert plan.variant_env(interpreted=False) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the caller's choice wins
-    assert run.variant_env(interpreted=False) == {}
+    assert plan.variant_env(interpreted=False) == {}
 
 # --- levels 2 and 3, and what counts as failed --------------------------------------------------------
 
@@ -143,7 +145,7 @@ def result_with(kernel=(), workload=(), e2e_status="ok", held=(True,)) -> Result
     (result_with(["ok"], held=(True, False)), True),
 ])
 def test_failed(result, bad):
-    assert run.failed(result) is bad
+    assert assemble.failed(result) is bad
 
 
 # --- a whole run of cheating kernels ------------------------------------------------------------------
@@ -216,7 +218,7 @@ def cheats_run(tmp_path_factory):
         mp.setenv("CASEBOOK_KERNELS_PATH", str(CHEATS_DIR))  # for the children
         mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])  # for this process
         start = time.monotonic()
-        result = run.run_case(path, quick=True, timeout_s=TIMEOUT_S, ceilings=CEILINGS,
+        result = orchestrate.run_case(path, quick=True, timeout_s=TIMEOUT_S, ceilings=CEILINGS,
                               progress=lambda event, info: events.append((event, info)))
         return result, events, time.monotonic() - start
 
@@ -229,7 +231,7 @@ def points_of(result: Result, name: str) -> tuple[Point, Point | None]:
 
 def test_cheats_run_is_failed_and_stores(cheats_run, tmp_path):
     result, _, seconds = cheats_run
-    assert isinstance(result, Result) and run.failed(result)
+    assert isinstance(result, Result) and assemble.failed(result)
     assert seconds < 90, f"the cheats run took {seconds:.0f} s"
     stored = results.load(results.save(result, tmp_path))
     assert stored == result and stored.case_id == "cheats"
@@ -346,9 +348,9 @@ def test_softmax_case_runs_on_a_cpu(tmp_path):
            if p["status"] not in ("ok", "checked", "skipped")]
     assert proc.returncode == 0, "\n".join(bad) + f"\nceilings: {doc['hardware']['measured']}\n" + proc.stderr[-2000:]
     result = Result.model_validate(doc)
-    assert results.load(path) == result and not run.failed(result)
+    assert results.load(path) == result and not assemble.failed(result)
     case = load_case(SOFTMAX)
-    modes = {v.name: run.placement(v, on_gpu=False) for v in case.kernel.variants}
+    modes = {v.name: plan.placement(v, on_gpu=False) for v in case.kernel.variants}
     modes = {name: "skipped" if m is None else ("timed" if m[1] else "checked") for name, m in modes.items()}
     assert {v["name"]: v["mode"] for v in doc["variants"]} == modes
     points = doc["kernel_level"]
@@ -379,7 +381,7 @@ class InProcessOracle:
         pass
 
     def request(self, task, timeout_s, room=0, grow=False):
-        from casebook.oracle import work
+        from casebook.run.oracle import work
 
         return work(task)
 
@@ -391,7 +393,7 @@ class InProcessOracle:
 
 
 def _checked(tasks, on_done=None, **kw):
-    """Every task answered `checked`, each handed to `on_done` as it is, like `run.execute`."""
+    """Every task answered `checked`, each handed to `on_done` as it is, like `orchestrate.execute`."""
     out = []
     for i, _ in enumerate(tasks):
         out.append({"status": "checked"})
@@ -402,21 +404,20 @@ def _checked(tasks, on_done=None, **kw):
 
 def stub_children(monkeypatch, execute=None):
     """No child processes: every task answered `checked`, the reference's child in this process."""
-    from casebook import run as run_mod
 
-    monkeypatch.setattr(run_mod, "Worker", InProcessOracle)
-    monkeypatch.setattr(run_mod, "execute", execute or _checked)
+    monkeypatch.setattr(orchestrate, "Worker", InProcessOracle)
+    monkeypatch.setattr(orchestrate, "execute", execute or _checked)
 
 
 def test_a_checkpoint_after_each_point(tmp_path, monkeypatch):
     """A run cut short keeps everything it measured: run_case hands over the result as it stands after each
     point, which `results.save_as` writes as the checkpoint beside the run."""
-    from casebook import run as run_mod
+    from casebook.run import orchestrate
 
     seen: list[Result] = []
     planned: list[int] = []
     stub_children(monkeypatch)
-    result = run_mod.run_case(SOFTMAX, checkpoint=seen.append,
+    result = orchestrate.run_case(SOFTMAX, checkpoint=seen.append,
                               progress=lambda event, info: planned.append(info["total"]) if event == "plan" else None)
     assert result.complete is True
     assert len(seen) == planned[0], "a checkpoint after every task"
@@ -431,23 +432,22 @@ def test_a_checkpoint_after_each_point(tmp_path, monkeypatch):
 def test_the_command_line_is_the_run_s_own_from_its_first_checkpoint(monkeypatch):
     """`argv`, the command line as parsed, goes into the run (and `command`, as one shell line): the result
     and every checkpoint carry it; no caller edits a result afterwards."""
-    from casebook import run as run_mod
+    from casebook.run import orchestrate
 
     seen: list[Result] = []
     stub_children(monkeypatch)
     argv = ["casebook", "run", "my cases/softmax_fusion.yaml", "--timeout", "30"]
-    result = run_mod.run_case(SOFTMAX, checkpoint=seen.append, argv=argv)
+    result = orchestrate.run_case(SOFTMAX, checkpoint=seen.append, argv=argv)
     assert result.argv == argv and result.command == "casebook run 'my cases/softmax_fusion.yaml' --timeout 30"
     assert seen and all(r.argv == argv and r.command == result.command for r in seen)
-    assert "argv" not in results.document(run_mod.run_case(SOFTMAX)), "none given: none stored"
+    assert "argv" not in results.document(orchestrate.run_case(SOFTMAX)), "none given: none stored"
 
 
 def test_a_counters_stage_cut_short_leaves_the_measured_run_complete(monkeypatch):
     """The profiler comes after the measurement, and the complete run is handed to `checkpoint` before it: a
     time limit that ends the run under ncu (a chain of 88 kernels a call, a compile under the profiler) still
     leaves the run, complete, to `record`."""
-    from casebook import counters
-    from casebook import run as run_mod
+    from casebook.run import counters, orchestrate
 
     def killed(*a, **k):
         raise KeyboardInterrupt  # the SIGTERM of a time limit, as the run sees it
@@ -456,7 +456,7 @@ def test_a_counters_stage_cut_short_leaves_the_measured_run_complete(monkeypatch
     stub_children(monkeypatch)
     monkeypatch.setattr(counters, "read", killed)
     with pytest.raises(KeyboardInterrupt):
-        run_mod.run_case(SOFTMAX, checkpoint=seen.append, counters=True)
+        orchestrate.run_case(SOFTMAX, checkpoint=seen.append, counters=True)
     assert seen[-1].complete is True and seen[-1].command.endswith(" --counters")
     assert len(seen[-1].variants) == len(load_case(SOFTMAX).kernel.variants)
 
@@ -464,8 +464,8 @@ def test_a_counters_stage_cut_short_leaves_the_measured_run_complete(monkeypatch
 def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
     """A case edited while its run goes on: the result names the file that started the run, so
     `casebook check` calls it stale instead of current."""
-    from casebook import run as run_mod
     from casebook.provenance import case_sha256
+    from casebook.run import orchestrate
 
     path = tmp_path / "cases" / "softmax_fusion.yaml"
     path.parent.mkdir()
@@ -477,7 +477,7 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
         return [{"status": "checked"} for _ in tasks]
 
     stub_children(monkeypatch, edit_then_stub)
-    result = run_mod.run_case(path)
+    result = orchestrate.run_case(path)
     assert result.case_sha256 == before != case_sha256(path)
 
 
@@ -492,7 +492,7 @@ def test_a_case_relying_on_the_conventional_names_runs(tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CASEBOOK_KERNELS_PATH", str(CHEATS_DIR))  # the fixture kernels, for the children
         mp.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])
-        result = run.run_case(path, quick=True, timeout_s=120, ceilings=CEILINGS)
+        result = orchestrate.run_case(path, quick=True, timeout_s=120, ceilings=CEILINGS)
     status = {(p.variant, p.dtype): p.status for p in result.kernel_level}
     assert status[("eager", "fp32")] == "ok" and status[("eager", "bf16")] == "ok", status
     assert all(p.correct for p in result.kernel_level if p.status in ("ok", "checked")), result.kernel_level
@@ -502,12 +502,12 @@ def test_a_case_relying_on_the_conventional_names_runs(tmp_path):
 def test_the_declared_intensity_is_checked_against_the_traffic_model(make_case, monkeypatch, line_of):
     """A case declaring 10 FLOP/byte where its model gives 1.25 (softmax, at its first level-1 shape): the run
     records both, and `check` flags the declared figure at its line."""
-    from casebook import run as run_mod
+    from casebook.run import orchestrate
     from casebook.validate import validate
 
     path = make_case({"  arithmetic_intensity: 1.25\n": "  arithmetic_intensity: 10\n"})
     stub_children(monkeypatch)
-    result = run_mod.run_case(path)
+    result = orchestrate.run_case(path)
     rec = result.arithmetic_intensity
     assert rec.shape == load_case(path).levels.kernel.shapes[0] and rec.dtype == "bf16"
     assert rec.modelled == pytest.approx(1.25) and rec.declared == 10 and rec.flagged is True
@@ -532,12 +532,12 @@ def test_the_report_of_a_model_without_flops_states_the_declared_intensity(capsy
 
 @pytest.mark.slow
 def test_a_variant_child_started_ahead_is_handed_over_started():
-    """`run._Ahead`: the next variant's child starts in a thread; `take` hands it over started, and a run cut
+    """`orchestrate._Ahead`: the next variant's child starts in a thread; `take` hands it over started, and a run cut
     short releases it (its process ends)."""
-    from casebook import run as run_mod
-    from casebook.isolate import Worker
+    from casebook.run import orchestrate
+    from casebook.run.isolate import Worker
 
-    ahead = run_mod._Ahead(Worker(run_mod.measure_work, {}))
+    ahead = orchestrate._Ahead(Worker(orchestrate.measure_work, {}))
     worker = ahead.take()
     assert worker.proc is not None and worker.proc.is_alive()
     proc = worker.proc
@@ -551,10 +551,10 @@ def test_a_variant_child_started_ahead_is_handed_over_started():
     ({"status": "ok", "first_call_s": [1]}, "ValidationError"),
 ])
 def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(payload, why):
-    """`run._sound`: a judged payload with a number that is not finite, or a field not of the record's type,
+    """`orchestrate._sound`: a judged payload with a number that is not finite, or a field not of the record's type,
     fails its own task (the child closed, so a true answer that follows cannot answer the next task)."""
-    from casebook import run as run_mod
-    from casebook.measure import Task
+    from casebook.run import orchestrate
+    from casebook.run.child import Task
 
     closed = []
 
@@ -564,7 +564,7 @@ def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(
 
     task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
                 device="cpu", timed=True, seed=1, protocol={})
-    out = run_mod._sound(task, lambda: payload, Child())
+    out = orchestrate._sound(task, lambda: payload, Child())
     assert out["status"] == "crashed" and why in out["error"] and closed == [True]
     ok = {"status": "checked", "correct": True, "max_rel_err": 0.0}
-    assert run_mod._sound(task, lambda: ok, Child()) == ok and closed == [True]
+    assert orchestrate._sound(task, lambda: ok, Child()) == ok and closed == [True]

@@ -1,4 +1,4 @@
-"""casebook.schema: a description on every field, and the committed JSON Schema is the current one."""
+"""casebook.case and casebook.result: a description on every field; the committed JSON Schemas are current."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from casebook import schema
+from casebook import case, result
 from casebook.commands.schema import COMMITTED, RESULT_COMMITTED, json_schema_text
 
 from conftest import REPO
 
-MODELS = [m for m in vars(schema).values()
-          if inspect.isclass(m) and issubclass(m, BaseModel) and m.__module__ == schema.__name__]
+MODELS = [m for module in (case, result) for m in vars(module).values()
+          if inspect.isclass(m) and issubclass(m, BaseModel) and m.__module__ == module.__name__]
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)

@@ -203,7 +203,7 @@ def test_version(cli):
 
 
 def test_hardware_json(cli, monkeypatch):
-    from casebook import hardware
+    from casebook.run import hardware
 
     monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-test", "name": "Test CPU", "kind": "cpu",
                                                        "datasheet": None})

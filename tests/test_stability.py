@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import casebook.kernels
-from casebook import run, stability
+from casebook import stability
 from casebook.load import load_case
+from casebook.run import orchestrate
 from casebook.validate import unpublishable
 
 CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
@@ -110,7 +111,7 @@ def test_a_run_beside_cpu_burners_marks_its_points(tmp_path, monkeypatch):
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         time.sleep(0.5)
-        result = run.run_case(path, ceilings=CEILINGS)
+        result = orchestrate.run_case(path, ceilings=CEILINGS)
     finally:
         for b in burners:
             b.kill()

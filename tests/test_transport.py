@@ -1,8 +1,8 @@
-"""casebook.transport: the crossing of a child's answer, host or device (memory the parent lends: `Arena`).
+"""casebook.run.transport: the crossing of a child's answer, host or device (memory the parent lends: `Arena`).
 
 Most tests play both sides in one process over a shared-memory arena (`HostMemory`, a file in the test's own
 folder): the child's side (`open_loan`, `split`) writes into a `multiprocessing.Pipe`, the parent's side
-(`receive`) reads it back. Those marked slow run `casebook.isolate.Worker` children, whose functions, below, are
+(`receive`) reads it back. Those marked slow run `casebook.run.isolate.Worker` children, whose functions, below, are
 pickled by name. The GPU section runs only where torch sees a GPU (the same tests over CUDA IPC).
 """
 
@@ -17,9 +17,9 @@ import time
 import pytest
 import torch
 
-from casebook import transport
-from casebook.isolate import Worker
-from casebook.transport import (
+from casebook.run import transport
+from casebook.run.isolate import Worker
+from casebook.run.transport import (
     ALIGN,
     DIGEST_BLOCK,
     Arena,
@@ -321,7 +321,7 @@ def _scribbles(seed: int) -> dict:
     answer in: with 0xFF before the header leaves (through its own `isolate.send_frames`, so that the write
     surely lands before the parent's copy, whatever the machine's speed), then with 0x3F from a thread that goes
     on for 30 s, as a kernel still running on memory it no longer owns would."""
-    from casebook import isolate
+    from casebook.run import isolate
 
     t = _seeded(seed)
     send = isolate.send_frames

@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook import results
-from casebook.schema import Point, Result, shape_label
+from casebook.result import Point, Result, shape_label
 
 ENVIRONMENT_KEYS = ("device_name", "driver_version", "torch", "triton", "cuda", "casebook_sha256")
 

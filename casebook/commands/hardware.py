@@ -11,7 +11,7 @@ from rich.table import Table
 def main(remeasure: bool, json_out: bool = False) -> int:
     import time
 
-    from casebook import hardware
+    from casebook.run import hardware
 
     ident = hardware.identify()
     since = time.time()

@@ -14,8 +14,8 @@ from rich.text import Text
 def main(cases_dir: Path, pattern: str | None = None, bottleneck: str | None = None,
          operator: str | None = None) -> int:
     """Print the matching cases; 2 when a filter is unknown or any case is invalid."""
+    from casebook.case import Bottleneck, Pattern
     from casebook.commands.validate import print_problems
-    from casebook.schema import Bottleneck, Pattern
     from casebook.validate import validate
 
     out = Console(highlight=False, soft_wrap=True)

@@ -13,7 +13,7 @@ from rich.table import Table
 from casebook import results
 from casebook.commands import console as terminal
 from casebook.projection import ProjectionError, project
-from casebook.schema import Ceilings, shape_label
+from casebook.result import Ceilings, shape_label
 
 
 def stored(results_dir: Path, case_id: str) -> dict[str, results.Result]:
@@ -39,7 +39,7 @@ def measured_ceilings(results_dir: Path) -> dict[str, Ceilings]:
 
 def main(case: str, to: str, source: str | None, results_dir: Path, json_out: bool = False) -> int:
     """0 on a projection shown, 2 on bad input (unknown case, machine or source)."""
-    from casebook.hardware import datasheets
+    from casebook.datasheets import datasheets
 
     err = terminal(stderr=True, highlight=False)
     case_id = Path(case).stem

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from casebook.schema import Result
+from casebook.result import Result
 
 SLOWER = 0.02
 """A run whose medians are, by geometric mean over the points timed in both, more than this much slower

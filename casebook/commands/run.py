@@ -15,8 +15,8 @@ from rich.text import Text
 
 from casebook.commands import console as terminal
 from casebook.levels import regressions
+from casebook.result import IntensityCheck, Point, Result, shape_label, shape_named
 from casebook.roofline import host_bound
-from casebook.schema import IntensityCheck, Point, Result, shape_label, shape_named
 
 console = terminal(stderr=True)
 out = terminal()
@@ -31,7 +31,7 @@ def main(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
     """Run, keep the run under the cache's runs folder, compare it with the stored result for this machine;
     with `save`, also store it in `results_dir` (`casebook.commands.record`). `argv`, the command line as
     parsed, is stored with the run (every flag kept, for the page's Reproduce). `resume`: continue the case's
-    last run on this machine that was cut short (`casebook.run.resumable` says what it keeps)."""
+    last run on this machine that was cut short (`casebook.resume.resumable` says what it keeps)."""
     from casebook.commands.validate import print_problems
     from casebook.load import CaseError, read_case
 
@@ -84,7 +84,7 @@ def _terminated(signum, frame) -> None:
 
 
 def preflight_problem(case: Path, results_dir: Path, save: bool, loaded: tuple | None = None) -> str | None:
-    from casebook.preflight import problems
+    from casebook.run.preflight import problems
 
     found = problems(case, results_dir if save else None, loaded)
     return found[0] if found else None
@@ -93,7 +93,7 @@ def preflight_problem(case: Path, results_dir: Path, save: bool, loaded: tuple |
 def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
          timeout: float, save: bool, force: bool, argv: list[str] | None, loaded=None, resume: bool = False,
          kept: list | None = None) -> int:
-    from casebook import run
+    from casebook.run import assemble, resume
 
     earlier = None
     if resume:
@@ -142,7 +142,7 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
     path = keep(result)
     console.print(f"this run: [bold]{path}[/bold]", highlight=False)
     against_stored(result, results_dir)
-    code = 1 if run.failed(result) else 0
+    code = 1 if assemble.failed(result) else 0
     if save:
         code = max(code, store(result, results_dir, case, force))
     else:
@@ -153,13 +153,14 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
             progress, say, ceilings: dict | None = None, loaded=None, resume: Result | None = None,
             kept: list | None = None) -> Result:
-    """One case's run (`casebook.run.run_case`), its counters if asked, the command line that made it: the
+    """One case's run (`casebook.orchestrate.run_case`), its counters if asked, the command line that made it: the
     `Result`, not yet kept. A checkpoint is kept after each point (`keep`), so a run cut short leaves what it
     measured, and `kept` (a list, where given) gets the checkpoint's path. The same for one case here and for
     each case of a pool or a cluster (`ceilings`: the machine's, measured once for a CPU pool's workers; else
     this device's, cached). `loaded`: the case at `case`, where the caller has loaded it. `resume`: a kept run
     cut short, to go on from."""
-    from casebook import results, run
+    from casebook import results
+    from casebook.run import orchestrate, resume
 
     def checkpoint(partial: Result) -> None:
         path = results.save_as(partial, results.run_path(results.runs_dir(), partial))
@@ -173,15 +174,16 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
             progress(event, info)
 
     # argv: the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
-    return run.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted, checkpoint=checkpoint,
-                        ceilings=ceilings, counters=counters, case=loaded, argv=list(argv) if argv else None,
-                        resume=resume)
+    return orchestrate.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted,
+                                checkpoint=checkpoint, ceilings=ceilings, counters=counters, case=loaded,
+                                argv=list(argv) if argv else None, resume=resume)
 
 
 def last_cut_short(case) -> tuple[Path, Result] | None:
     """This case's newest kept run on this machine that was cut short (`<start>.json.partial` under the runs
     folder), loaded; None where there is none."""
-    from casebook import hardware, results
+    from casebook import results
+    from casebook.run import hardware
 
     folder = results.runs_dir() / hardware.identify(devices=case.kernel.devices)["slug"] / case.id
     partials = sorted(folder.glob(f"*.json{results.PARTIAL}"), key=lambda p: p.stat().st_mtime)

@@ -1,5 +1,5 @@
-"""`casebook run CASE... | --all`: many cases at once, over the GPUs of this host (`casebook.pool`) or a Ray
-cluster (`--ray`, `casebook.cluster`). Each case is one `casebook run CASE` (`commands.run.measure`); its
+"""`casebook run CASE... | --all`: many cases at once, over the GPUs of this host (`casebook.run.pool`) or a Ray
+cluster (`--ray`, `casebook.run.cluster`). Each case is one `casebook run CASE` (`commands.child`); its
 result crosses back as its JSON document (`results.document`), is validated into a `Result` here as it ends,
 and is kept, and with --save stored; progress per device; a table of what ran where."""
 
@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from casebook.commands.run import STATUS_STYLE, console, out
-from casebook.pool import Job, Outcome
-from casebook.schema import Result
+from casebook.result import Result
+from casebook.run.pool import Job, Outcome
 
 
 def measure_case(case: Path, args: dict, progress) -> dict:
@@ -33,7 +33,7 @@ def measure_case(case: Path, args: dict, progress) -> dict:
 
 def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> list[Job] | None:
     """A job a case, taking the devices its `topology.devices` names; None (after every problem printed,
-    `file:line: field: message`) where any case does not load or would not end well (`casebook.preflight`)."""
+    `file:line: field: message`) where any case does not load or would not end well (`casebook.run.preflight`)."""
     from rich.text import Text
 
     from casebook.commands.run import preflight_problem
@@ -71,8 +71,8 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
     def land(o: Outcome) -> None:
         """Validate a case's run into its `Result` and keep (and with --save store) it the moment it ends: each
         file written atomically."""
-        from casebook import run
         from casebook.commands.run import keep, store
+        from casebook.run import assemble
 
         rec = landed.setdefault(o.job.case, {})
         if o.doc is None:
@@ -80,7 +80,7 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
             return
         rec["result"] = result = Result.model_validate(o.doc)
         rec["kept"] = keep(result)
-        rec["failed"] = run.failed(result)
+        rec["failed"] = assemble.failed(result)
         if save:
             rec["store"] = store(result, results_dir, o.job.case, force, console)
 
@@ -92,16 +92,16 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
                 land(info["outcome"])
 
         if ray_address is not None:
-            from casebook import cluster
+            from casebook.run import cluster
 
             outcomes = cluster.run_on_ray(jobs, measure_case, args, address=ray_address, hardware=hardware,
                                           runtime_env=cluster.ship(Path.cwd()), on_event=on_event)
         else:
-            from casebook import pool
+            from casebook.run import pool
 
             devs = pool.host_devices(devices)
             if not pool.gpu_indices():  # one CPU's ceilings, measured once, before its workers share them out
-                from casebook import hardware as hardware_mod
+                from casebook.run import hardware as hardware_mod
 
                 args["ceilings"] = hardware_mod.ceilings()
             board.devices(devs)

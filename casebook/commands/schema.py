@@ -16,7 +16,8 @@ RESULT_COMMITTED = Path("docs/schema/result.schema.json")
 def json_schema_text(result: bool = False) -> str:
     """The case (or result) format's JSON Schema (draft 2020-12), as the text written to COMMITTED (or
     RESULT_COMMITTED)."""
-    from casebook.schema import RECORD_TEXT_MAX, RESULT_SCHEMA_VERSION, SCHEMA_VERSION, Case, Result
+    from casebook.case import SCHEMA_VERSION, Case
+    from casebook.result import RECORD_TEXT_MAX, RESULT_SCHEMA_VERSION, Result
 
     model, path, what, version = ((Result, RESULT_COMMITTED, "result", RESULT_SCHEMA_VERSION) if result
                                   else (Case, COMMITTED, "case", SCHEMA_VERSION))

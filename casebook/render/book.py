@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from casebook import evidence, provenance
+from casebook.case import Case
 from casebook.load import load_case
 from casebook.paths import refusal
+from casebook.result import ClaimOutcome, Result
 from casebook.results import load as load_result
 from casebook.roofline import ceilings_apart
-from casebook.schema import Case, ClaimOutcome, Result
 
 
 class BookError(ValueError):

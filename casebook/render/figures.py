@@ -6,7 +6,7 @@ import math
 
 from casebook.render.book import Entry, StoredResult
 from casebook.render.text import plain, shape_short
-from casebook.schema import Hardware, Point
+from casebook.result import Hardware, Point
 
 
 def measured_roofs(result_hw: Hardware, points: list[Point] | None = None) -> dict:

@@ -7,7 +7,7 @@ import re
 
 from markupsafe import Markup
 
-from casebook.schema import slug
+from casebook.result import slug
 
 _SAFE = re.compile(r"^[A-Za-z0-9_./#-]*$")
 

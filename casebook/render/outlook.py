@@ -8,12 +8,12 @@ import subprocess
 from pathlib import Path
 
 from casebook import history as history_mod
-from casebook.hardware import datasheets
+from casebook.datasheets import datasheets
 from casebook.projection import Projection, ProjectionError, project
 from casebook.render import links, text
 from casebook.render.book import Book, Entry
 from casebook.render.figures import best_variant
-from casebook.schema import Ceilings
+from casebook.result import Ceilings
 
 PROJECTIONS = "projections.md"
 HISTORY = "history.md"

@@ -18,7 +18,7 @@ from markupsafe import Markup
 from casebook.render import figures, links, outlook, text, views
 from casebook.render.book import Book, Entry, kernel_source
 from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
-from casebook.schema import Environment, Hardware
+from casebook.result import Environment, Hardware
 
 
 def _finalize(value: object) -> object:

@@ -13,8 +13,8 @@ from casebook import levels
 from casebook.render import links, text
 from casebook.render.book import Book, Entry, StoredResult
 from casebook.render.figures import best_variant, link_gbps, measured_roofs
+from casebook.result import CounterRow, EndToEndResult, Point, Result
 from casebook.roofline import host_bound, ridge_point
-from casebook.schema import CounterRow, EndToEndResult, Point, Result
 
 
 @dataclass

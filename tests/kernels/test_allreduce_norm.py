@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from casebook.check import TOLERANCE
 from casebook.kernels import allreduce_norm as k
+from casebook.tolerance import TOLERANCE
 
 CPU_VARIANTS = ["allreduce_separate", "allreduce_fused", "twoshot", "twoshot_fused"]
 SYMMETRIC_MEMORY = ["oneshot", "oneshot_fused"]
@@ -30,7 +30,7 @@ def _port() -> int:
 def _rank(rank: int, port: int, dtypes: list[str], errors) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    from casebook.check import TORCH_DTYPES, upcast
+    from casebook.run.check import TORCH_DTYPES, upcast
 
     for dtype in dtypes:
         for shape in SHAPES:

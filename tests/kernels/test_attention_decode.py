@@ -1,4 +1,4 @@
-"""attention_decode: every CPU-checkable rung through casebook.check as `casebook run` checks it (Triton through
+"""attention_decode: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through
 the interpreter) at GQA groups 1, 4 and 8, draft tokens, ragged contexts and a context of 1; the traffic model
 and the declared intensity; the level-3 decode step."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE
 from casebook.kernels import attention_decode as mod
+from casebook.tolerance import TOLERANCE
 
 CASE = load("attention_decode")
 ON_CPU = cpu_rungs(CASE)

@@ -1,4 +1,4 @@
-"""attention_paged: every CPU-checkable rung through casebook.check as `casebook run` checks it (Triton through the
+"""attention_paged: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through the
 interpreter) with pages in random order, a last page partly filled, sequences of one page and shorter, pages
 smaller and larger than the interpreter's 16-key tile; the pool and block table themselves; padding never read;
 sequences of different lengths; the traffic model and the declared intensity; the level-3 step."""
@@ -13,9 +13,9 @@ import pytest
 import torch
 from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_paged as mod
+from casebook.tolerance import TOLERANCE
 
 CASE = load("attention_paged")
 ON_CPU = cpu_rungs(CASE)

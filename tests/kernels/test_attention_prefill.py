@@ -1,4 +1,4 @@
-"""attention_prefill: every CPU-checkable rung through casebook.check as `casebook run` checks it (Triton through
+"""attention_prefill: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through
 the interpreter) in both dtypes the case lists, at ragged, GQA and seq_q < seq_kv shapes; the traffic model
 and the case's declared intensity; the GPU-only rungs' reasons; the level-3 attention block."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
-from casebook.check import TOLERANCE
 from casebook.kernels import attention_prefill as mod
+from casebook.tolerance import TOLERANCE
 
 CASE = load("attention_prefill")
 ON_CPU = cpu_rungs(CASE)

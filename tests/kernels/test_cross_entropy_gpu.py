@@ -29,7 +29,8 @@ def mod():
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("fn", ["triton_split", "triton_two_sweep", "liger"])
 def test_variant_matches_reference(mod, fn, rows, vocab, dtype):
-    from casebook.check import TOLERANCE, check
+    from casebook.run.check import check
+    from casebook.tolerance import TOLERANCE
     if fn == "liger":
         pytest.importorskip("liger_kernel", reason="liger-kernel is the `peers` extra")
     c = check(getattr(mod, fn), mod.reference, mod.make_inputs, {"tokens": rows, "vocab": vocab}, dtype, "cuda",
@@ -41,7 +42,7 @@ def test_variant_matches_reference(mod, fn, rows, vocab, dtype):
 @pytest.mark.parametrize("launcher", ["split_triton", "two_sweep_triton"])
 @pytest.mark.parametrize("rows,vocab,eps", [(37, 128256, 0.0), (512, 151936, 0.1), (3, 262144, 0.0)])
 def test_launcher_loss_matches_reference(mod, launcher, rows, vocab, eps):
-    from casebook.check import TORCH_DTYPES, upcast
+    from casebook.run.check import TORCH_DTYPES, upcast
     inputs = mod.make_inputs({"tokens": rows, "vocab": vocab}, TORCH_DTYPES["bf16"], "cuda",
                              torch.Generator().manual_seed(rows), eps)
     inputs["target"][0] = 1
@@ -55,7 +56,7 @@ def test_launcher_loss_matches_reference(mod, launcher, rows, vocab, eps):
 def test_split_called_again_and_again_keeps_its_barriers_consistent(mod):
     # The barrier words are reused across launches (a generation per row); 50 calls on 64 rows, each
     # checked, would hang or go wrong if a launch left a count behind.
-    from casebook.check import TORCH_DTYPES, upcast
+    from casebook.run.check import TORCH_DTYPES, upcast
     inputs = mod.make_inputs({"tokens": 64, "vocab": 128256}, TORCH_DTYPES["bf16"], "cuda",
                              torch.Generator().manual_seed(0))
     ref = mod.reference(**upcast(inputs))

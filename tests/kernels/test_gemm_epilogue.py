@@ -17,9 +17,10 @@ import triton
 import triton.language as tl
 import yaml
 
-from casebook.check import TOLERANCE, TORCH_DTYPES
 from casebook.kernels import gemm_common
 from casebook.kernels import gemm_epilogue as mod
+from casebook.run.check import TORCH_DTYPES
+from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = yaml.safe_load((REPO / "cases" / "gemm_epilogue.yaml").read_text())

@@ -18,8 +18,9 @@ import pytest
 import torch
 import yaml
 
-from casebook.check import TOLERANCE, TORCH_DTYPES
 from casebook.kernels import gemm_grouped as mod
+from casebook.run.check import TORCH_DTYPES
+from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = yaml.safe_load((REPO / "cases" / "gemm_grouped.yaml").read_text())

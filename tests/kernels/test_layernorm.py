@@ -1,5 +1,5 @@
 """layernorm: every CPU-checkable variant of the forward and backward cases against float64 (autograd for
-the gradients) at awkward shapes, through casebook.check as `casebook run` checks them (the Triton variants
+the gradients) at awkward shapes, through casebook.run.check as `casebook run` checks them (the Triton variants
 through the interpreter); each path of triton_long; the variance at large means; the dw, db reductions.
 
 Shapes: rows 1, 7 and 37 and columns 2, 33, 1000 and 4097 (a one-column LayerNorm is identically b, so
@@ -19,8 +19,9 @@ import pytest
 import torch
 import yaml
 
-from casebook.check import TOLERANCE, check
 from casebook.kernels import layernorm as mod
+from casebook.run.check import check
+from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = ["fp32", "bf16", "fp16"]

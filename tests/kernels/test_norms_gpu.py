@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from casebook.check import check
 from casebook.kernels import layernorm, rmsnorm
+from casebook.run.check import check
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a GPU (the CPU paths: test_rmsnorm.py, test_layernorm.py)")

@@ -28,7 +28,8 @@ def mod():
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_long_rows_match_reference(mod, rows, cols, dtype):
-    from casebook.check import TOLERANCE, check
+    from casebook.run.check import check
+    from casebook.tolerance import TOLERANCE
     c = check(mod.triton_online, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
               [rows * 1000 + cols, rows * 1000 + cols + 1])
     assert c.correct, c.error
@@ -45,7 +46,8 @@ CLUSTER_COLS = (16392, 32768, 40000, 65537, 151936, 300000)  # just over 32 KB i
 @pytest.mark.parametrize("rows", CLUSTER_ROWS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_cluster_bulk_matches_reference(mod, rows, cols, dtype):
-    from casebook.check import TOLERANCE, check
+    from casebook.run.check import check
+    from casebook.tolerance import TOLERANCE
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters and bulk copies need Hopper")
     c = check(mod.cluster_bulk, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
@@ -61,8 +63,9 @@ def test_cluster_rows_refill_shared_memory_across_many_rows(mod, rows, cols, dty
     """More rows than clusters: each cluster takes its next row from the counter and refills its pieces with
     it while storing this one (the default grid, as many clusters as fit at once; or 1 and 7 clusters, tens
     to hundreds of rows each), and leaves the counter at rest; and the same shapes one row per cluster."""
-    from casebook.check import TOLERANCE, TORCH_DTYPES
     from casebook.kernels import softmax_cluster
+    from casebook.run.check import TORCH_DTYPES
+    from casebook.tolerance import TOLERANCE
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters and bulk copies need Hopper")
     x = (torch.randn(rows, cols, device="cuda") * 3).to(TORCH_DTYPES[dtype])
@@ -80,8 +83,9 @@ def test_cluster_rows_with_masked_pieces_and_rows_far_below_zero(dtype, persiste
     """Each thread takes its exponentials against its own running max and scales them once the row's is
     known: pieces of -inf (a mask: threads with nothing yet), a row near -1000 (2^(m - M) must not
     overflow), a row of -inf (NaN, as torch gives) and a row with one finite element stay right."""
-    from casebook.check import TOLERANCE, TORCH_DTYPES
     from casebook.kernels import softmax_cluster
+    from casebook.run.check import TORCH_DTYPES
+    from casebook.tolerance import TOLERANCE
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters and bulk copies need Hopper")
     x = (torch.randn(300, 40000, device="cuda") * 3).to(TORCH_DTYPES[dtype])

@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from casebook.hardware import _nvidia_smi
 from casebook.kernels import gemm_common
 from casebook.kernels import gemm_pingpong as gp
+from casebook.run.hardware import _nvidia_smi
 
 FIELDS = ("clocks.sm", "power.draw", "clocks_throttle_reasons.active")
 

@@ -160,7 +160,7 @@ def probe(name: str, module: str | None = None) -> None:
     import torch
     import torch.nn.functional as F
 
-    from casebook.bench import Protocol, time_fn
+    from casebook.run.bench import Protocol, time_fn
 
     kernels = gp
     if module:

@@ -62,7 +62,7 @@ def main():
                 print(f"{m}x{n}x{k} {label:48s} err {err:.1e}", flush=True)
                 assert err < 2e-2, label
                 return
-            from casebook.bench import Protocol, time_fn
+            from casebook.run.bench import Protocol, time_fn
             t = time_fn(f, "cuda", Protocol(time_cap_s=0.3)).summary
             print(f"{m}x{n}x{k} {label:48s} {t.median_us:8.1f} us  p10 {t.p10_us:7.1f}  p90 {t.p90_us:7.1f}  "
                   f"{flop / t.median_us / 1e6:6.1f} TFLOP/s  err {err:.1e}", flush=True)

@@ -123,8 +123,8 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from casebook.bench import Protocol, time_fn
     from casebook.kernels import gemm_common
+    from casebook.run.bench import Protocol, time_fn
 
     torch.manual_seed(0)
     for m, n, k in ((8192, 8192, 1024), (4096, 4096, 4096)):

@@ -3,7 +3,7 @@
 triton_grouped at 8 experts x 8192 rows x 14336 x 4096 bf16 took 1568, 1444 and 1567 us in three
 runs (the loop 1439 and 1368 in the last two), so the boundary claim (at most 10% behind the loop)
 failed in the slow mode. Suspect: the autotuner's pick, made once per process. Each run below is a
-fresh process, as a `casebook run` child is: the pick (casebook.autotune, the code that now records it
+fresh process, as a `casebook run` child is: the pick (casebook.run.autotune, the code that now records it
 per point), the autotuner's own timing of every configuration, and the harness's median.
 
 Prediction: the slow runs ran a different configuration from the fast ones; if all runs pick the same
@@ -19,8 +19,8 @@ import sys
 
 CHILD = r'''
 import torch
-from casebook import autotune
-from casebook.bench import Protocol, time_fn
+from casebook.run import autotune
+from casebook.run.bench import Protocol, time_fn
 from casebook.kernels import gemm_grouped as gg
 shape = {"experts": 8, "tokens": 8192, "n": 14336, "k": 4096}
 inputs = gg.make_inputs(shape, torch.bfloat16, "cuda", torch.Generator().manual_seed(7))

@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from casebook.bench import Protocol, time_fn
-from casebook.hardware import _nvidia_smi
+from casebook.run.bench import Protocol, time_fn
+from casebook.run.hardware import _nvidia_smi
 
 WARM, COLD = Protocol(cache="warm", time_cap_s=1.0), Protocol(time_cap_s=1.0)
 

@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "gemm_epilogue"))
 from epilogue_clocks import sustained  # noqa: E402
 
-from casebook.bench import Protocol, time_fn  # noqa: E402
+from casebook.run.bench import Protocol, time_fn  # noqa: E402
 
 
 def operands(kind: str, n: int):

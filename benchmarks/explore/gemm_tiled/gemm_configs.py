@@ -13,8 +13,8 @@ autotuner picks, to tell "no configuration reaches 0.95x" from "the autotuner pi
 import torch
 import triton
 
-from casebook.bench import Protocol, time_fn
 from casebook.kernels import gemm_common as gc
+from casebook.run.bench import Protocol, time_fn
 
 
 def main():

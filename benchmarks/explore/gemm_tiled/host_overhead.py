@@ -25,9 +25,9 @@ import time
 
 import torch
 
-from casebook.bench import pipelined_host_us
 from casebook.kernels import gemm_common as gc
 from casebook.kernels import softmax_fusion as sf
+from casebook.run.bench import pipelined_host_us
 
 
 def host_us(fn, n=300):

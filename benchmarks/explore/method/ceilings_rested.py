@@ -27,7 +27,7 @@ scatters; the launch is timed for 1 s again (1.5 s more), not yet measured since
 
 import time
 
-from casebook import hardware
+from casebook.run import hardware
 
 RUNS = (("quick", {}), ("thorough", {"rest_s": 2.0, "best_shapes": None, "time_cap_s": 1.0}), ("quick again", {}))
 

@@ -1,7 +1,7 @@
 """Device check: does the device crossing work on this machine, and how fast is it?
 
-Not a casebook run. The first H200 run of the device crossing (`casebook.transport`, CUDA IPC through
-`casebook.cuda_ipc`) took host-crossing times (a 268 MB output in about 0.2 s, answers in seconds): the child
+Not a casebook run. The first H200 run of the device crossing (`casebook.run.transport`, CUDA IPC through
+`casebook.run.cuda_ipc`) took host-crossing times (a 268 MB output in about 0.2 s, answers in seconds): the child
 had fallen back to the host, and the run did not say why. This probe says, step by step: the parent allocates
 a block and exports its handle; a spawned child opens it through the driver (ctypes), writes a pattern and
 says what failed if anything; the parent reads the pattern back. Then a `Worker` round trip of a 1 GiB bf16
@@ -26,7 +26,7 @@ def child(handle_hex: str, nbytes: int, q) -> None:
         import torch
 
         torch.zeros(1, device="cuda")
-        from casebook import cuda_ipc
+        from casebook.run import cuda_ipc
 
         block = cuda_ipc.Block.open(handle_hex, nbytes)
         block.tensor.fill_(7)
@@ -46,9 +46,9 @@ def big(task):
 def main() -> None:
     import torch
 
-    from casebook import cuda_ipc
-    from casebook.isolate import Worker
-    from casebook.transport import Arena, CudaMemory
+    from casebook.run import cuda_ipc
+    from casebook.run.isolate import Worker
+    from casebook.run.transport import Arena, CudaMemory
 
     torch.zeros(1, device="cuda")
     print("unavailable():", cuda_ipc.unavailable(), flush=True)

@@ -41,8 +41,8 @@ balances (docs/method.md, "Measuring honestly").
 import numpy as np
 import torch
 
-from casebook.bench import _cuda_sampler, _L2Flusher, l2_flush_bytes
 from casebook.kernels import softmax_fusion as sf
+from casebook.run.bench import _cuda_sampler, _L2Flusher, l2_flush_bytes
 
 BLOCKS, REPS, SLACK_US = 8, 200, 250.0
 
@@ -79,7 +79,7 @@ def spread(values) -> float:
 
 
 def main():
-    import casebook.bench as bench
+    import casebook.run.bench as bench
 
     flushes = {"write": _L2Flusher(), "read": ReadFlush()}  # casebook's own flush, and one that only reads
     for label, fn in points().items():

@@ -30,7 +30,7 @@ import itertools
 
 import torch
 
-from casebook.bench import Protocol, input_sets, l2_bytes, time_fn
+from casebook.run.bench import Protocol, input_sets, l2_bytes, time_fn
 
 
 def main():

@@ -416,8 +416,8 @@ def main(check_only: bool) -> None:
         print(f"{n}: {a.num_regs} registers, {a.local_size_bytes} B local", flush=True)
     if not check(ks) or check_only:
         return
-    from casebook.bench import Protocol, time_fn
     from casebook.kernels import softmax_fusion as sf
+    from casebook.run.bench import Protocol, time_fn
 
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
@@ -443,8 +443,8 @@ def tail() -> None:
     waves), and the 64K-row counterpart, with a copy of each size."""
     import torch
 
-    from casebook.bench import Protocol, time_fn
     from casebook.kernels import softmax_cluster
+    from casebook.run.bench import Protocol, time_fn
 
     for rows, cols in ((3960, 32768), (4096, 32768), (4356, 32768), (7920, 32768), (8192, 32768), (4096, 65536)):
         x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
@@ -462,8 +462,8 @@ def persist() -> None:
     docstring, `--persist`): correctness at shapes with more rows than resident clusters, then times."""
     import torch
 
-    from casebook.bench import Protocol, time_fn
     from casebook.kernels import softmax_cluster
+    from casebook.run.bench import Protocol, time_fn
 
     torch.manual_seed(0)
     schedules = {"counter": {"persistent": True}, "counter, 7 clusters": {"persistent": True, "clusters": 7},

@@ -6,15 +6,22 @@ The "v1_online" column there is the kernel module as of commit 6e81945; to compa
     git show 6e81945:casebook/kernels/softmax_fusion.py > benchmarks/explore/softmax_fusion/softmax_v1.py
 (without that file the column is skipped). The split kernel is called with today's one-word barrier.
 """
-import json, sys, time, traceback
-import torch, triton
+import json
+import sys
+import time
+import traceback
+
+import torch
+import triton
 from triton.testing import do_bench
+
 sys.path.insert(0, "benchmarks/explore/softmax_fusion")
 try:
     import softmax_v1 as old
 except ImportError:
     old = None
-from casebook.kernels import softmax_fusion as new, gemm_common as gc
+from casebook.kernels import gemm_common as gc
+from casebook.kernels import softmax_fusion as new
 
 out = {}
 def bench(f):

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from casebook.bench import Protocol, time_fn
 from casebook.kernels import gemm_common as gc
 from casebook.kernels import softmax_fusion as sf
+from casebook.run.bench import Protocol, time_fn
 
 PROTO = Protocol(time_cap_s=0.3, target_ci=0.02)
 SMS = torch.cuda.get_device_properties(0).multi_processor_count

@@ -5,7 +5,7 @@ is on the path); GPU only.
 """
 import torch
 
-from casebook.bench import Protocol, time_fn
+from casebook.run.bench import Protocol, time_fn
 
 PROTO = Protocol(time_cap_s=0.2, target_ci=0.02)
 

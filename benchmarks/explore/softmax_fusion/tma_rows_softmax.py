@@ -265,8 +265,8 @@ def check(rows: int, cols: int) -> bool:
 def main() -> None:
     import torch
 
-    from casebook.bench import Protocol, time_fn
     from casebook.kernels import softmax_fusion as sf
+    from casebook.run.bench import Protocol, time_fn
 
     torch.manual_seed(0)
     for rows, cols in ((4096, 32768), (8192, 16384), (16384, 8192)):

@@ -1,8 +1,8 @@
 """The reference's answers, each computed once a run and kept where the parent judges.
 
-The reference's child (`casebook.oracle`) lives for the whole run. The parent asks it for the answer at a
+The reference's child (`casebook.run.oracle`) lives for the whole run. The parent asks it for the answer at a
 (module, reference, inputs, shape, dtype, device, seed) once and keeps the answer, on the device it arrived
-on (a GPU's through the device crossing, `casebook.transport`), for every variant of the ladder: every rung
+on (a GPU's through the device crossing, `casebook.run.transport`), for every variant of the ladder: every rung
 is judged against the same tensors, so a ladder of six rungs costs one reference computation a point, not
 six. The traffic model at a (shape, dtype) is asked for once too.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import time
 
-from casebook.isolate import Worker
-from casebook.measure import Task
-from casebook.oracle import OracleTask
+from casebook.run.child import Task
+from casebook.run.isolate import Worker
+from casebook.run.oracle import OracleTask
 
 BUDGET_FRACTION = 0.05
 """Of the judging device's memory (a GPU's, else the host's), what kept answers may hold: the variant's child,
@@ -34,7 +34,7 @@ def default_budget(device: str) -> int:
 
         if torch.cuda.is_available():
             return int(BUDGET_FRACTION * torch.cuda.get_device_properties(0).total_memory)
-    from casebook.hardware import memory_bytes
+    from casebook.run.hardware import memory_bytes
 
     return int(BUDGET_FRACTION * (memory_bytes() or 8 * 2**30))
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from casebook.pool import Job, Outcome, Work, cpu_shares
+from casebook.run.pool import Job, Outcome, Work, cpu_shares
 
 RETRIES = 1
 """Ray's `max_retries`: a task whose worker process dies runs once more (wherever Ray places it)."""
@@ -67,7 +67,7 @@ def run_on_ray(jobs: list[Job], work: Work, args: dict, *, address: str | None, 
                runtime_env: dict | None = None,
                on_event: Callable[[str, dict], None] | None = None) -> list[Outcome]:
     """Send every job to Ray (connecting to `address` unless Ray is already initialised in this process) and
-    wait for them as they finish; `on_event("done", {"outcome": ...})` for each, as in `casebook.pool`."""
+    wait for them as they finish; `on_event("done", {"outcome": ...})` for each, as in `casebook.run.pool`."""
     import ray
 
     emit = on_event or (lambda kind, info: None)

@@ -1,7 +1,7 @@
 """Run tasks in child processes the parent does not trust: a crash, a hang, an out-of-memory, a forged
 message or a process left behind is contained.
 
-A child (`Worker`) answers one request at a time. What it sends back is data, never code (`casebook.transport`:
+A child (`Worker`) answers one request at a time. What it sends back is data, never code (`casebook.run.transport`:
 a JSON header and the raw bytes of the tensors it names, through the host or through memory the parent lends
 it for the request), so a child that writes its own bytes can at worst send wrong numbers, which the parent
 judges; it cannot make the parent unpickle, nor name memory it was not lent.
@@ -27,7 +27,7 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable
 
-from casebook.transport import (
+from casebook.run.transport import (
     BadMessage,
     LoanLost,
     NeedRoom,
@@ -147,7 +147,7 @@ class Worker:
     answer within its limit, or whose child dies, gets {"status": "timeout" | "crashed", "error": ...},
     and the next request starts a fresh child.
 
-    `arena` (`casebook.transport.Arena`): memory lent to the child for each request that asks for room, so
+    `arena` (`casebook.run.transport.Arena`): memory lent to the child for each request that asks for room, so
     that its tensors on that device cross without leaving it; None: everything crosses the host."""
 
     def __init__(self, worker: Callable[[Any], dict], env: dict | None = None, startup_s: float = 120.0,

@@ -2,7 +2,7 @@
 
 The parent allocates a block of its own (`cuMemAlloc`, outside torch's caching allocator, so that the handle
 it gives out opens that block and nothing beside it), exports its IPC handle (64 bytes, crossing as hex) and
-lends it to a child (`casebook.transport.Arena`); the child opens the handle and writes into it. Both sides
+lends it to a child (`casebook.run.transport.Arena`); the child opens the handle and writes into it. Both sides
 see the block as a uint8 torch tensor (through `__cuda_array_interface__`, no copy). torch's own CUDA sharing
 (`torch.multiprocessing`) keeps a block alive until every consumer has said it is done, so a child killed
 while it holds one would pin it in the parent for the rest of the run; here the parent frees what it lent

@@ -10,17 +10,13 @@ import platform
 import subprocess
 import time
 from dataclasses import replace
-from functools import cache
-from importlib import resources
 from pathlib import Path
 
-import yaml
+from casebook import paths, stability
+from casebook.datasheets import datasheets
+from casebook.result import slug
+from casebook.run.interference import Window
 
-from casebook import stability
-from casebook.interference import Window
-from casebook.schema import slug
-
-CACHE_DIR = Path(os.environ.get("CASEBOOK_CACHE", Path.home() / ".cache" / "casebook"))
 CEILINGS_VERSION = 6
 """Bumped when what is cached changes meaning; 5: only ceilings measured on a quiet machine are cached, so
 an older cache, which may hold a busy machine's, is measured again; 6: every matmul rate is measured in its own
@@ -35,13 +31,6 @@ back from 3 s of matmuls at its power limit; each ceiling matmul is timed for a 
 the GPU is never hot for long (docs/method.md, 3: "Ceilings are measured rested")."""
 MATMUL_BEST_SHAPES = 2
 """bf16 is timed at every `MATMUL_SHAPES`; the other dtypes at this many of them, the fastest for bf16."""
-
-
-@cache
-def datasheets() -> dict[str, dict]:
-    """The registry of datasheet peaks, keyed by hardware slug."""
-    text = resources.files("casebook").joinpath("data/hardware.yaml").read_text()
-    return yaml.safe_load(text)
 
 
 def cpu_model() -> str:
@@ -179,7 +168,7 @@ def source_sha256(root: Path | None = None) -> str:
     """sha256 over casebook's own Python sources (path and bytes, in path order): the harness that
     measured, identified without git. A working copy on another machine can carry an older HEAD and
     local changes; this names the code that actually ran."""
-    root = root or Path(__file__).resolve().parent
+    root = root or Path(__file__).resolve().parents[1]  # casebook/
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -193,7 +182,7 @@ not."""
 
 
 def _git() -> dict:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10).stdout.strip()
@@ -254,8 +243,8 @@ def ceilings(remeasure: bool = False) -> dict:
                     measure_s=round(time.perf_counter() - t0, 2),
                     measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     if not measured["unstable"]:
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=CACHE_DIR, prefix=f".{path.stem}.", suffix=".tmp")  # one a process:
+        paths.CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=paths.CACHE_DIR, prefix=f".{path.stem}.", suffix=".tmp")  # one a process:
         with os.fdopen(fd, "w") as f:                                                     # a pool's side by side
             f.write(json.dumps(measured, indent=1))
         os.replace(tmp, path)
@@ -264,7 +253,7 @@ def ceilings(remeasure: bool = False) -> dict:
 
 def cache_path(ident: dict | None = None) -> Path:
     """Where this machine's ceilings are cached (`ceilings`)."""
-    return CACHE_DIR / f"ceilings-{ceilings_key(ident or identify())}.json"
+    return paths.CACHE_DIR / f"ceilings-{ceilings_key(ident or identify())}.json"
 
 
 def provenance_of(measured: dict, since: float) -> str:
@@ -307,7 +296,7 @@ def cached_valid(cached: dict) -> bool:
     write: one with a key of its own, or a rate that is not a number, is measured again, not believed)."""
     from pydantic import ValidationError
 
-    from casebook.schema import Ceilings
+    from casebook.result import Ceilings
 
     try:
         Ceilings.model_validate(cached)
@@ -335,7 +324,7 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
     thorough as before (2.0, None, 1.0: 41 s on an H200) for a comparison (benchmarks/explore/method/)."""
     import torch
 
-    from casebook.bench import HOST_SLACK_US, Protocol, time_fn
+    from casebook.run.bench import HOST_SLACK_US, Protocol, time_fn
 
     proto = Protocol(cache="warm", time_cap_s=time_cap_s)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -410,7 +399,7 @@ def measure_cpu() -> dict:
     """Copy bandwidth (read + write), fp32 matmul, the cost of one tiny op call."""
     import torch
 
-    from casebook.bench import Protocol, time_fn
+    from casebook.run.bench import Protocol, time_fn
 
     proto = Protocol(cache="warm", time_cap_s=0.5)
     g = torch.Generator().manual_seed(0)

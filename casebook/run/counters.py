@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from casebook.run import placement
-from casebook.schema import Case, Result
+from casebook.case import Case
+from casebook.result import Result
+from casebook.run.plan import placement
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 GAP_FLAG = 0.10
@@ -58,7 +59,7 @@ def read(case: Case, result: Result, progress: Callable[[str], None] = print) ->
         spec = json.dumps({"module": case.kernel.module, "fn": v.fn, "inputs": case.kernel.inputs,
                            "traffic": case.kernel.traffic, "shape": shape, "dtype": dtype})
         cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--metrics", ",".join(METRICS),
-               sys.executable, "-m", "casebook.counters", spec]
+               sys.executable, "-m", "casebook.run.counters", spec]
         row = {"variant": v.name, "shape": shape, "dtype": dtype}
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VARIANT_TIMEOUT_S)
@@ -115,7 +116,7 @@ def _profiled_call(spec: dict) -> None:
 
     import torch
 
-    from casebook.check import TORCH_DTYPES
+    from casebook.run.check import TORCH_DTYPES
 
     mod = importlib.import_module(f"casebook.kernels.{spec['module']}")
     fn = getattr(mod, spec["fn"])

@@ -8,7 +8,7 @@ unpickled. A tensor's bytes take one of two crossings, which the run's code does
 - **host**: down the pipe, a frame a tensor, or at a megabyte or more through a file of the child's own in
   shared memory (`Spill`), which the parent reads once and deletes. A GPU's tensor is copied to the host first.
 - **device**: through memory the parent owns and lends the child for one request (`Arena`): on a GPU, device
-  memory shared by CUDA IPC (`casebook.cuda_ipc`), so a GPU's outputs and the reference's answers never leave
+  memory shared by CUDA IPC (`casebook.run.cuda_ipc`), so a GPU's outputs and the reference's answers never leave
   the device. The child copies its tensors in and names each by its offset; the parent checks every offset
   against the room it lent and copies the bytes into memory of its own. The child never receives a handle it
   could read anything else through: the arena is an allocation of its own, cleared before it is lent to
@@ -505,7 +505,7 @@ class CudaMemory:
     kind, device = "cuda", "cuda"
 
     def __init__(self, nbytes: int, opened=None):
-        from casebook import cuda_ipc
+        from casebook.run import cuda_ipc
 
         self.nbytes = nbytes
         self.block = opened or cuda_ipc.Block.allocate(nbytes)
@@ -517,7 +517,7 @@ class CudaMemory:
 
     @classmethod
     def open(cls, grant: dict) -> "CudaMemory":
-        from casebook import cuda_ipc
+        from casebook.run import cuda_ipc
 
         return cls(int(grant["bytes"]), opened=cuda_ipc.Block.open(grant["name"], int(grant["bytes"])))
 
@@ -611,7 +611,7 @@ def arena_for(device: str) -> tuple["Arena | None", str]:
     if choice == "host":
         return None, f"host ({TRANSPORT_ENV}=host)"
     if device == "cuda":
-        from casebook import cuda_ipc
+        from casebook.run import cuda_ipc
 
         if why := cuda_ipc.unavailable():
             return None, f"host: device memory cannot be shared here ({why})"

@@ -44,8 +44,8 @@ def work(task: OracleTask) -> dict:
     """Entry point in the child."""
     import torch
 
-    from casebook.check import TORCH_DTYPES, upcast
     from casebook.kernels import __name__ as package
+    from casebook.run.check import TORCH_DTYPES, upcast
 
     mod = importlib.import_module(f"{package}.{task.module}")
     dtype = TORCH_DTYPES[task.dtype]

@@ -35,7 +35,7 @@ def cpu_threads() -> int:
 def busy_ticks() -> tuple[int, int] | None:
     """(ticks the CPUs this process may run on spent busy since boot, how many of them) from /proc/stat's
     per-CPU lines; idle and I/O wait are not busy. A process pinned to its share of the host's cores (a
-    pool's worker, `casebook.pool`) judges its own cores, not the ones its neighbours were given."""
+    pool's worker, `casebook.run.pool`) judges its own cores, not the ones its neighbours were given."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
@@ -64,7 +64,7 @@ def own_cpu_s() -> float:
 _run_processes: tuple[int, ...] = ()
 """Processes of this run besides this one, whose CPU time (and their descendants') a window counts as the
 run's own, not the others': a rank's sibling ranks and the process that launched them
-(`casebook.distributed`). Empty in a single-process run."""
+(`casebook.run.distributed`). Empty in a single-process run."""
 
 
 def count_as_own(pids) -> None:

@@ -1,14 +1,14 @@
 """Every GPU of one host: cases side by side, one worker process a device, pinned with `CUDA_VISIBLE_DEVICES`.
 
 Each case runs whole on the device(s) it is given, in a fresh worker process that sees only them and owns
-a share of the host's cores (its timings are its own; `casebook.interference` judges its own cores). A
+a share of the host's cores (its timings are its own; `casebook.run.interference` judges its own cores). A
 case that spans several devices (`topology.devices`) waits for that many free ones and takes them
 together. A worker that dies loses only its case: the case is tried once more on other devices where
 the host has them, then recorded as crashed. What a worker measured comes back to the caller through
 `on_event("done", ...)` the moment it finishes, for the caller to write.
 
 The dispatch is a loop over free devices and worker pipes (`multiprocessing.connection.wait`), nothing
-more: past one host, `casebook.cluster` hands the same work to Ray.
+more: past one host, `casebook.run.cluster` hands the same work to Ray.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Outcome:
     attempts: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     where: str = ""
-    """Where it ran, in words (a device list here, a Ray node and its GPUs in `casebook.cluster`)."""
+    """Where it ran, in words (a device list here, a Ray node and its GPUs in `casebook.run.cluster`)."""
 
 
 def host_devices(explicit: list[str] | None = None) -> list[str]:

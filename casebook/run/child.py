@@ -3,8 +3,8 @@
 Runs inside an `isolate.Worker`; imports the case's kernel module, which validation never does. It judges
 nothing. It sends back the outputs of the variant's calls (the first two on fresh inputs, a sample of the
 timed repetitions chosen as each call returned, one after timing on new contents in the same tensors),
-the raw time of every repetition and what it saw; `casebook.judge`, in the parent that never imports the
-module, compares them with the reference (`casebook.oracle`, another child), summarises, places and
+the raw time of every repetition and what it saw; `casebook.run.judge`, in the parent that never imports the
+module, compares them with the reference (`casebook.run.oracle`, another child), summarises, places and
 decides (docs/method.md, "The trust boundary").
 
 Every call is made by `bench.drive`, one frame whatever the phase; the allocator is poisoned before
@@ -21,12 +21,9 @@ import random
 import sys
 from dataclasses import dataclass, field
 
-from casebook import autotune, bench
-from casebook.judge import (
-    TIMED_SAMPLES,
-    launch_count,  # noqa: F401 (the launch floor, kept importable here)
-)
-from casebook.transport import digest
+from casebook.run import autotune, bench
+from casebook.run.judge import TIMED_SAMPLES
+from casebook.run.transport import digest
 
 KERNELS_PACKAGE = "casebook.kernels"
 
@@ -66,7 +63,7 @@ class Task:
     over_fn: str = ""
     """kind "pair": the variant a speedup claim is measured against, and its function."""
     devices: int = 1
-    """Ranks the task runs on (the case's `kernel.devices`); over 1, `casebook.distributed` runs it."""
+    """Ranks the task runs on (the case's `kernel.devices`); over 1, `casebook.run.distributed` runs it."""
 
 
 # --- what the variant may not rebind -------------------------------------------------------------------
@@ -123,12 +120,12 @@ def loaded_kernel_modules() -> list[str]:
 def work(task: Task) -> dict:
     """Entry point in the child."""
     if task.devices > 1:  # a multi-device case: one process per rank, this one gathers them
-        from casebook.distributed import run_ranks
+        from casebook.run.distributed import run_ranks
 
         return run_ranks(task)
     import torch
 
-    from casebook.interference import cpu_threads
+    from casebook.run.interference import cpu_threads
 
     torch.set_num_threads(cpu_threads())  # explicit, and recorded with each point
     torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
@@ -296,7 +293,7 @@ def _refill(inputs: dict, fresh: dict) -> dict:
 def _point(task: Task, mod) -> dict:
     import torch
 
-    from casebook.check import TORCH_DTYPES
+    from casebook.run.check import TORCH_DTYPES
 
     fn, make_inputs = getattr(mod, task.fn), getattr(mod, task.inputs)
     dtype = TORCH_DTYPES[task.dtype]
@@ -368,7 +365,7 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
         calls.append(_record("after", task.seed + 3, out, sets[0], before))
         del out
         if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
-            from casebook.interference import gpu_state
+            from casebook.run.interference import gpu_state
 
             payload["interference"] = {**timing.interference, "gpu": gpu_state()}
     payload["calls"] = calls
@@ -412,7 +409,7 @@ def _pair(task: Task, mod) -> dict:
     (Google Benchmark's random interleaving answers the same problem)."""
     import torch
 
-    from casebook.check import TORCH_DTYPES
+    from casebook.run.check import TORCH_DTYPES
 
     protocol = bench.Protocol(**task.protocol)
     make = getattr(mod, task.inputs)
@@ -449,7 +446,7 @@ def _end_to_end(task: Task, mod) -> dict:
     arguments the scenario gives it. Raw times; the parent summarises."""
     import torch
 
-    from casebook.check import TORCH_DTYPES
+    from casebook.run.check import TORCH_DTYPES
 
     fn = getattr(mod, task.fn)
     scenario = getattr(mod, task.scenario)

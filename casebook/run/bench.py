@@ -1,6 +1,6 @@
 """Timing, done the way the seed's microbenchmark norms ask.
 
-First call (JIT, autotune, compile) kept out of the timing (casebook.measure times it where it happens, in
+First call (JIT, autotune, compile) kept out of the timing (casebook.run.child times it where it happens, in
 the first correctness check); warm-up until steady; L2 flushed before every
 repetition unless the case asks for a warm cache; device events on a GPU, a monotonic clock on a CPU;
 repetitions until the median is stable or the time cap is hit; median, p10, p90 and CV kept.
@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from casebook import interference
+from casebook.run import interference
 from casebook.stats import Summary, median_stable, summarize
 
 
@@ -45,7 +45,7 @@ class Protocol:
     """Device-side delay before each timed GPU call. None: long enough to hide the call's host time
     (see `slack_us`); a number: exactly that, and host time beyond it shows in the timing."""
     rank_barrier: bool = False
-    """A multi-device case's ranks (`casebook.distributed.lockstep`): every rank waits for the others at a
+    """A multi-device case's ranks (`casebook.run.distributed.lockstep`): every rank waits for the others at a
     barrier before each timed repetition, after its cache flush, outside its time. Without it a rank's time
     of a collective holds its siblings' lateness: their flush, or their wait for the CPU."""
 
@@ -78,7 +78,7 @@ class Timing:
 
 
 _perf_counter_ns = time.perf_counter_ns
-"""The clock the harness reads, bound when casebook.bench is imported, before any kernel module: a kernel
+"""The clock the harness reads, bound when casebook.run.bench is imported, before any kernel module: a kernel
 module that rebinds `time.perf_counter_ns` (or `time.perf_counter`) changes no timing."""
 _cuda_synchronize = torch.cuda.synchronize
 _CudaEvent = torch.cuda.Event

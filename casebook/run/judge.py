@@ -1,7 +1,7 @@
 """Verdicts from raw data, in the parent, which never imports contributed code.
 
-A variant's child (`casebook.measure`) sends outputs, raw times and facts; the reference's child
-(`casebook.oracle`) sends the answers and the traffic model. Here the outputs are compared with the
+A variant's child (`casebook.run.child`) sends outputs, raw times and facts; the reference's child
+(`casebook.run.oracle`) sends the answers and the traffic model. Here the outputs are compared with the
 answers (`check.compare_output`: normwise and row by row), the times summarised (`stats.summarize`), the
 point placed on the roofline (`roofline.place`, the physics gate) and the point's status decided. Nothing
 the variant's process rebinds reaches this code.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
-from casebook.check import CheckFailed, compare_output
-from casebook.roofline import FasterThanPhysics, Roofs, place
+from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
+from casebook.run.check import CheckFailed, compare_output
+from casebook.run.transport import Unsent, digest
 from casebook.stats import summarize
-from casebook.transport import Unsent, digest
 
 TIMED_SAMPLES = 2
 """Timed repetitions whose outputs the variant's child keeps (reservoir sampling, `measure`) and the judge
@@ -22,16 +22,6 @@ requires: a point without them is not accepted, whatever its checks said."""
 
 TIMER_REBOUND = ("the variant's process rebound what the harness relies on ({names}): nothing timed or returned "
                  "there is evidence")
-
-
-def launch_count(launches: dict, roofs: dict) -> float:
-    """The launch floor in units of one launch: every kernel at its cost inside a CUDA graph, the least a
-    kernel takes on the device. A true lower bound, whatever issues the kernels: a lone kernel timed by
-    events does not wait for the host's pace of issue (`launch_us`), and a 4 MB copy on the H200 took
-    5.5 us where back-to-back launches cost 6.6 us each. The host's own issue time is measured per
-    variant (`host_issue_us`) and decides the regime, not the gate."""
-    kernels = launches["direct"] + launches["graph"]
-    return kernels * roofs["graph_launch_us"] / roofs["launch_us"]
 
 
 def times_problem(times) -> str | None:
@@ -93,7 +83,7 @@ def unchanged(o: dict, expected, dtype: str) -> None:
     behind for want of room (with its shape and dtype where those already say why), and with the checksum the
     child took of its copy then (`transport.digest`): bytes written into the copy after the call, or into the
     lent memory after the answer was sent, do not match it."""
-    from casebook.check import TORCH_DTYPES
+    from casebook.run.check import TORCH_DTYPES
 
     t = o["tensor"]
     if isinstance(t, Unsent):
@@ -306,7 +296,7 @@ def fingerprint_diff(a, b) -> float:
 
 def end_to_end(run: dict, dtype: str) -> dict:
     """The scenario's summary from raw times; its timed outputs (a sample) must agree with its first."""
-    from casebook.check import TOLERANCE
+    from casebook.tolerance import TOLERANCE
 
     if run.get("status") != "ran":
         return passthrough(run) or {"status": "crashed", "error": "no answer"}

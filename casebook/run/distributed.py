@@ -1,7 +1,7 @@
 """One task of a multi-device case, run on its ranks: one process per device, each rank's answer gathered.
 
 `measure.work` hands a task here when its case declares `kernel.devices > 1`. The ranks are started as
-fresh interpreters (`python -m casebook.distributed`), since the measuring child is a daemon process and
+fresh interpreters (`python -m casebook.run.distributed`), since the measuring child is a daemon process and
 may not fork children of its own through multiprocessing; they live as long as the measuring child
 (one variant's tasks). Each rank joins a process group (NCCL on GPUs, gloo over loopback on a CPU),
 runs the single-device path of `measure.work` on each task it is sent, and writes its payload; the
@@ -29,7 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from casebook.transport import decode, encode
+from casebook.run.transport import decode, encode
 
 RANK_TIMEOUT_S = float(os.environ.get("CASEBOOK_RANK_TIMEOUT_S", "300"))
 """All ranks of a task must answer within this (under `isolate`'s per-task limit, so the ranks are
@@ -97,7 +97,7 @@ def _ranks(n: int, device: str) -> tuple[list, Path]:
         shutdown()
         tmp = Path(tempfile.mkdtemp(prefix="casebook-ranks-"))
         port = _free_port()
-        procs = [subprocess.Popen([sys.executable, "-m", "casebook.distributed", str(r), str(n), str(port), device],
+        procs = [subprocess.Popen([sys.executable, "-m", "casebook.run.distributed", str(r), str(n), str(port), device],
                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                   stderr=open(tmp / f"rank{r}.err", "wb"), start_new_session=True,
                                   preexec_fn=_die_with_parent)
@@ -171,7 +171,7 @@ def _free_port() -> int:
 
 
 def merge(task, payloads: list[dict]) -> dict:
-    """One raw payload from every rank's (`casebook.judge` judges it as any child's): a rank that did not run
+    """One raw payload from every rank's (`casebook.run.judge` judges it as any child's): a rank that did not run
     decides; else the slowest rank's, by its median time (its reading of the machine), with every rank's
     outputs (`rank_calls`, each checked), what any rank rebound or loaded, and every rank's repetitions and
     reading beside it (`rank_times_us`, from which the parent takes each rank's
@@ -199,7 +199,7 @@ def merge(task, payloads: list[dict]) -> dict:
 
 def measure_topology(n: int, device: str, timeout_s: float | None = None) -> dict:
     """The devices, their link and its measured bus bandwidth, on ranks started for it alone."""
-    from casebook.measure import Task
+    from casebook.run.child import Task
 
     task = Task(kind="topology", module="", variant="", fn="", shape={}, dtype="fp32", level="kernel",
                 device=device, timed=False, seed=0, protocol={}, devices=n)
@@ -261,8 +261,8 @@ def _rank_main(rank: int, world: int, port: int, device: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from casebook.interference import count_as_own
-    from casebook.measure import work
+    from casebook.run.child import work
+    from casebook.run.interference import count_as_own
 
     if device == "cuda":
         torch.cuda.set_device(rank)

@@ -1,0 +1,327 @@
+"""`casebook run`: every variant checked, then timed at the three levels, placed on the roofline,
+the claims checked, the result assembled. The library does not print: progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from casebook.case import Case
+from casebook.load import load_case
+from casebook.result import ClaimPairedTiming, Point, Result
+from casebook.run import hardware, interference, judge, transport
+from casebook.run.answers import Answers, default_budget, fixed_seeds
+from casebook.run.assemble import assemble, command_line, intensity_check, now, sources_of
+from casebook.run.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
+from casebook.run.check import TORCH_DTYPES
+from casebook.run.child import Task, kept_calls
+from casebook.run.child import work as measure_work
+from casebook.run.isolate import Worker
+from casebook.run.oracle import work as oracle_work
+from casebook.run.plan import pair_tasks, plan, traffic_task, variant_env
+from casebook.run.resume import point_key, resumable
+
+Progress = Callable[[str, dict], None]
+
+
+def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
+             progress: Progress | None = None, ceilings: dict | None = None,
+             checkpoint: Callable[[Result], None] | None = None, counters: bool = False,
+             case: Case | None = None, argv: list[str] | None = None, resume: Result | None = None) -> Result:
+    """Run one case end to end: plan, run, and the validated `Result` (not yet kept or stored).
+
+    `checkpoint`, if given, receives the result as it stands after each point (marked `complete: false`), so a
+    run cut short by a signal or a time limit still leaves everything it measured. With `counters`, the DRAM
+    bytes of each GPU variant under Nsight Compute (`casebook.run.counters`), read after the run is complete and
+    handed to `checkpoint` once more: a profiler cut short loses nothing else. `case`: the case at `path`, where
+    the caller has loaded it (it is loaded once a run). `argv`: the command line that asked for the run, stored
+    with it (`argv`, and `command` as one line: every flag kept, for the page's Reproduce); without it, the
+    command is spelled from the options given here. `resume`: a kept run of this case cut short; its points
+    measured with the same code, case, harness, machine and protocol are kept, not measured again, and the run
+    goes on under its ceilings (`resumable`).
+    """
+    progress = progress or (lambda event, info: None)
+    case = case or load_case(path)
+    ident = hardware.identify(devices=case.kernel.devices)
+    on_gpu = ident["kind"] == "gpu"
+    protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
+    sources = sources_of(Path(path), case)
+    reuse, parts = {}, []
+    if resume is not None:
+        reuse, why = resumable(resume, case, ident, protocol, sources)
+        progress("note", {"message": f"resuming {resume.started_at}: {len(reuse)} points kept" if not why else
+                          f"not resuming {resume.started_at}: {why}; measuring afresh"})
+        if not why:
+            ceilings = resume.hardware.measured.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            parts = [*(r.model_dump(mode="json") for r in resume.resumed or []),
+                     {"finished_at": resume.finished_at, "resumed_at": now(), "points": len(reuse)}]
+    progress("ceilings", {"hardware": ident["name"]})
+    since = time.time()
+    run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu,
+           "command": command_line(Path(path), only, quick, counters, argv), "argv": argv,
+           "started": resume.started_at if parts else now("microseconds"), "resumed": parts,
+           "sources": sources, "ceilings": ceilings or hardware.ceilings(), "loaded": set(),
+           "env": hardware.environment(), "reuse": reuse}
+    run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
+                      cpu_threads=interference.cpu_threads())
+    progress("note", {"message": "ceilings: " + ("those of the run resumed" if parts else "given by the caller"
+                                                  if ceilings else hardware.provenance_of(run["ceilings"], since))})
+    if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
+        from casebook.run.distributed import measure_topology
+
+        progress("topology", {"devices": case.kernel.devices})
+        ident["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
+    groups = plan(case, on_gpu, protocol, run["ceilings"], only, (ident.get("topology") or {}).get("bus_gbps"))
+    progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
+
+    device = "cuda" if on_gpu else "cpu"
+    arena, run["crossing"] = transport.arena_for(device)
+    progress("note", {"message": f"crossing: {run['crossing']}"})
+    oracle_env = variant_env(interpreted=False, devices=case.kernel.devices)
+    with Worker(oracle_work, oracle_env, arena=arena, spill=False) as oracle:  # one oracle: it runs no variant
+        run["answers"] = Answers(oracle, timeout_s, default_budget(device))
+        outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
+    if parts:  # the points the resumed session kept: those of its plan, not every one the kept run held
+        parts[-1]["points"] = sum(1 for pairs in outcomes.values() for _, p in pairs
+                                  if isinstance(p.get("harness"), dict) and p["harness"].get("kept"))
+    run["sources"] = sources_of(Path(path), case, run["sources"], run["loaded"])
+    doc = assemble(run, protocol, groups, outcomes, complete=True)
+    result = Result.model_validate(doc)
+    if counters:
+        from casebook.run import counters as counters_mod
+
+        if checkpoint is not None:
+            checkpoint(result)
+        rows = counters_mod.read(case, result, progress=lambda msg: progress("note", {"message": msg}))
+        result = Result.model_validate({**doc, "counters": rows})
+    return result
+
+
+def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:
+    """Every group's tasks, the traffic model's intensity and the paired timings, into `run`; the outcomes. After
+    each point, the result as it stands goes to `checkpoint`."""
+    case = run["case"]
+    outcomes: dict[str, list[tuple[Task, dict]]] = {}
+    order = [n for n, g in groups.items() if g["tasks"]]
+    ahead: _Ahead | None = None
+    try:
+        for name, g in groups.items():
+            tasks, mine = g["tasks"], []
+            outcomes[name] = mine
+
+            def done(i, payload, tasks=tasks, mine=mine):
+                mine.append((tasks[i], payload))
+                progress("task", {"task": tasks[i], "payload": payload})
+                if checkpoint is not None:
+                    checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes},
+                                                              outcomes, complete=False)))
+
+            if not tasks:  # a variant with no backend here
+                continue
+            t0 = time.perf_counter()
+            worker = ahead.take() if ahead is not None else _variant_worker(g, case)
+            following = order[order.index(name) + 1:]
+            ahead = _Ahead(_variant_worker(groups[following[0]], case)) if run["on_gpu"] and following else None
+            execute(tasks, timeout_s=timeout_s, env=_child_env(g, case), on_done=done, loaded=run["loaded"],
+                    answers=run["answers"], reuse=run["reuse"], worker=worker)
+            _variant_done(g, mine, name, t0, progress)
+    finally:
+        if ahead is not None:  # cut short: the child started for the next variant ends too
+            ahead.take().release()
+    return _claims_stage(run, outcomes, protocol, timeout_s, progress)
+
+
+def _variant_done(g: dict, mine: list, name: str, t0: float, progress: Progress) -> None:
+    """A variant's cost, recorded in its group and reported: its wall time, and of it, this session's timed calls."""
+    g["wall_s"] = time.perf_counter() - t0
+    g["timed_s"] = sum(p["harness"].get("timed_s") or 0.0 for _, p in mine
+                       if isinstance(p.get("harness"), dict) and not p["harness"].get("kept"))
+    progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
+                         "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept")),
+                         "crossing": sorted({p["harness"]["crossing"] for _, p in mine
+                                             if p.get("harness", {}).get("crossing")})})
+
+
+def _child_env(g: dict, case: Case) -> dict:
+    """A variant's child's environment (`variant_env`)."""
+    return variant_env(interpreted=g["device"] == "cpu" and not g["timed"], devices=case.kernel.devices)
+
+
+def _variant_worker(g: dict, case: Case) -> Worker:
+    """The child a variant's tasks run in, not yet started: Triton's interpreter where it is only checked, and the
+    memory its outputs cross in where its device has some to lend."""
+    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g["device"])[0])
+
+
+class _Ahead:
+    """A variant's child, started in a thread while the variant before it is measured. On a GPU its start (a new
+    interpreter importing torch, Triton and casebook: seconds of host work, nothing on the device until its first
+    task) overlaps the GPU's work; a CPU run starts each child in turn, where the start would take a core from the
+    timing."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.start, daemon=True)
+        self.thread.start()
+
+    def take(self) -> Worker:
+        self.thread.join()
+        return self.worker
+
+
+def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: float, progress: Progress) -> dict:
+    """The traffic model's intensity and the paired timings of the speedup claims, into `run`; the outcomes."""
+    case = run["case"]
+    run["intensity"] = intensity_check(case, run["answers"].oracle.request(traffic_task(case), timeout_s))
+    pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
+    if pairs:
+        progress("pairs", {"total": len(pairs)})
+
+        def paired(i, payload):
+            progress("task", {"task": pairs[i], "payload": payload})
+
+        payloads = execute(pairs, timeout_s=timeout_s, env=variant_env(interpreted=False, devices=case.kernel.devices),
+                           on_done=paired, loaded=run["loaded"], answers=run["answers"])
+        run["pairs"] = list(zip(pairs, payloads))
+    return outcomes
+
+
+def reference_seeds(task: Task) -> set[int]:
+    """The seeds a point's calls may name (`measure._point`): two checks, the contents after timing, and
+    the further input sets of a cold graph. A record naming another gets no reference, and fails."""
+    return {task.seed, task.seed + 1, task.seed + 3} | {task.seed + 10 + j for j in range(MAX_INPUT_SETS)}
+
+
+def call_bytes(answers: dict, dtype: str) -> int:
+    """The room one call's outputs take in the arena, at the reference's shapes and the point's dtype (`ALIGN`ed
+    each): what a variant that returns what the reference does needs. 0 where the reference gave nothing."""
+    first = next((e for e in (answers.get("expected") or {}).values() if isinstance(e, dict)), None)
+    total = 0
+    for e in (first or {}).get("outputs") or []:
+        if not hasattr(e, "is_floating_point"):
+            continue
+        size = TORCH_DTYPES[dtype].itemsize if e.is_floating_point() else e.element_size()
+        total += transport.aligned(e.numel() * size)
+    return total
+
+
+def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers | None = None,
+            on_done: Callable[[int, dict], None] | None = None, loaded: set | None = None,
+            reuse: dict | None = None, worker: Worker | None = None) -> list[dict]:
+    """Each task run in the variant's child (`measure.work`, which only executes), judged here (`casebook.run.judge`)
+    against the reference's answers (`answers`, from a child that never calls a variant; one of its own where not
+    given). One payload per task, in order; `loaded` gathers the kernel modules the variant's child imported.
+    `reuse`: payloads already measured, by `point_key` (a resumed run's), which are not measured again.
+
+    A point's reference is asked for first: its outputs' shapes set the room the variant's child is lent for
+    the outputs of its kept calls (`measure.kept_calls`); on a GPU they cross in device memory
+    (`casebook.run.transport`). Each point records what its measurement cost (`harness`): wall time, the time of its
+    timed calls, the wait for the reference, the crossing and the judging. `worker`: the variant's child, where
+    the caller has made (or started) it; released at the end either way."""
+    out: list[dict] = []
+    if not tasks:
+        return out
+    if answers is None:
+        with Worker(oracle_work, env, arena=transport.arena_for(tasks[0].device)[0], spill=False) as oracle:
+            return execute(tasks, timeout_s=timeout_s, env=env, on_done=on_done, loaded=loaded, reuse=reuse,
+                           answers=Answers(oracle, timeout_s, default_budget(tasks[0].device)))
+    if worker is None:
+        worker = Worker(measure_work, env, arena=transport.arena_for(tasks[0].device)[0])
+    with worker as variant:
+        for i, task in enumerate(tasks):
+            t0 = time.perf_counter()
+            key = point_key(task.level, task.variant, task.shape, task.dtype)
+            if task.kind == "point" and reuse and key in reuse:
+                payload = {**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}}
+            elif task.kind == "pair":
+                payload = _sound(task, lambda: judge.pair(variant.request(task, timeout_s)), variant)
+            elif task.kind == "end_to_end":
+                payload = _sound(task, lambda: _scenario(task, variant, timeout_s, t0), variant)
+            else:
+                payload = _sound(task, lambda: _point(task, variant, answers, timeout_s, loaded, t0), variant)
+            out.append(payload)
+            if on_done is not None:
+                on_done(i, payload)
+    return out
+
+
+MALFORMED = (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
+"""What judging a child's answer raises where the answer is not in the shape the harness sends (a forged message
+the transport could not tell from a true one: right framing, wrong contents)."""
+
+
+def _sound(task: Task, judged: Callable[[], dict], variant: Worker) -> dict:
+    """The record `judged()` makes of a task, where the child's answer makes one: judged without an exception, and
+    a valid record (the result's model) of finite numbers. Else the task crashed, with why, and its child is
+    replaced: a child that sent a forged answer may still send the true one, which must not answer the next task.
+    A malformed answer ends its own task, never the run."""
+    try:
+        payload = judged()
+        json.dumps(payload, allow_nan=False)  # every number finite: a stored result is strict JSON
+        if task.kind == "point":
+            Point.model_validate({"variant": task.variant, "shape": task.shape, "dtype": task.dtype, **payload})
+        elif task.kind == "pair" and payload.get("status") == "ok":
+            ClaimPairedTiming.model_validate({"shape": task.shape, "dtype": task.dtype, **payload})
+        return payload
+    except MALFORMED as e:
+        variant.close()
+        return {"status": "crashed", "error": f"the child's answer does not make a record ({type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:200] if str(e) else ''})"}
+
+
+def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> dict:
+    """The scenario timed with the variant (level 3), judged, with what it cost."""
+    raw = variant.request(task, timeout_s)
+    return {**judge.end_to_end(raw, task.dtype), "harness": {
+        "wall_s": time.perf_counter() - t0,
+        "timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
+
+
+def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, loaded: set | None, t0: float) -> dict:
+    """One point: the reference's answers, the variant's run with room lent for its outputs, the judgement."""
+    fixed = answers.get(task, fixed_seeds(task)) if task.devices == 1 else {"status": "ok", "expected": {}}
+    oracle_s = answers.last_s
+    room = kept_calls(task.timed) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
+    taken = variant.arena.taken if variant.arena is not None else 0
+    raw = variant.request(task, timeout_s, room=room)
+    transport_s = variant.receive_s
+    crossing = "device" if variant.arena is not None and variant.arena.taken > taken else "host"
+    if crossing == "host" and room and variant.crossing_error:
+        crossing = f"host: the child could not map the memory lent to it ({variant.crossing_error})"
+    if loaded is not None and isinstance(raw.get("loaded"), list):
+        loaded.update(m for m in raw["loaded"] if isinstance(m, str))
+    reference = None
+    if raw.get("status") == "ran":
+        recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
+        seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict)} & reference_seeds(task))
+        have = fixed.get("expected") or {} if fixed.get("status") == "ok" else {}
+        more = [s for s in seeds if not isinstance(have.get(str(s)), dict)]  # a cold graph's further input sets
+        reference = answers.get(task, more) if more else {**fixed, "expected": {}}
+        oracle_s += answers.last_s if more else 0.0
+        if reference.get("status") == "ok":  # the answers already here are not asked for (nor held) twice
+            reference = {**reference, "expected": {**have, **reference["expected"]},
+                         "traffic": reference.get("traffic") or fixed.get("traffic") or {}}
+    del fixed
+    t1 = time.perf_counter()
+    payload = judge.point(task, raw, reference)
+    raw.pop("calls", None)  # the outputs: judged, and let go before the next point
+    raw.pop("rank_calls", None)
+    del reference
+    judge.release(task.device)
+    t2 = time.perf_counter()
+    ranks = raw.get("rank_times_us") if isinstance(raw.get("rank_times_us"), list) else []
+    timed_s = max([_timed_s(raw.get("times_us"))] + [_timed_s(r) for r in ranks])  # ranks time side by side
+    payload["harness"] = {"wall_s": t2 - t0, "timed_s": timed_s, "oracle_s": oracle_s, "transport_s": transport_s,
+                          "judge_s": t2 - t1, "crossing": crossing}
+    return payload
+
+
+def _timed_s(*runs) -> float:
+    """Seconds of timed repetitions in the lists of microseconds given (what timing measured, not what it cost)."""
+    return sum(t for times in runs if isinstance(times, list) for t in times
+               if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)) / 1e6

@@ -1,0 +1,122 @@
+"""A case and a machine to the tasks of a run: which variants run where, at which shapes, under which
+roofs; the paired timings its speedup claims ask for."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, replace
+
+from casebook import claims as claims_mod
+from casebook import paths
+from casebook.case import Case, Variant
+from casebook.result import shape_label
+from casebook.roofline import compute_roof
+from casebook.run.bench import Protocol
+from casebook.run.child import Task
+from casebook.run.oracle import OracleTask
+
+SEED = 20261129
+
+
+def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
+    """Where a variant runs on this machine: (device, timed), or None when it cannot run here."""
+    if on_gpu and "cuda" in variant.backends:
+        return "cuda", True
+    if "cpu" in variant.backends:
+        return "cpu", True
+    if "interpreter" in variant.backends:
+        return "cpu", False
+    return None
+
+
+def _roofs(ceilings: dict, dtype: str, link_gbps: float | None = None) -> dict:
+    roofs = {"compute_tflops": compute_roof(ceilings["matmul_tflops"], dtype),
+             "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
+             "graph_launch_us": ceilings["graph_launch_us"], "busy": bool(ceilings.get("unstable"))}
+    if link_gbps:
+        roofs["link_gbps"] = link_gbps
+    return roofs
+
+
+def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None,
+         link_gbps: float | None = None) -> dict:
+    """Tasks per variant (one child process each), levels 1 and 2 then level 3. `link_gbps`: a multi-device
+    case's measured interconnect ceiling, the roof of its traffic model's link bytes."""
+    k, lv = case.kernel, case.levels
+    kernel_shapes = lv.kernel.shapes if on_gpu else lv.kernel.cpu_shapes
+    workload = lv.workload.shapes if on_gpu else lv.workload.cpu_shapes
+    e2e_shape = lv.end_to_end.shape if on_gpu else lv.end_to_end.cpu_shape
+    proto = asdict(replace(protocol, cache=lv.kernel.cache, graph=lv.kernel.graph))
+    groups: dict[str, dict] = {}
+    for v in k.variants:
+        if only and v.name not in only and v.name != k.baseline:
+            continue
+        where = placement(v, on_gpu)
+        if where is None:
+            groups[v.name] = {"variant": v, "device": None, "timed": False, "tasks": []}
+            continue
+        device, timed = where
+        common = dict(module=k.module, variant=v.name, fn=v.fn, device=device, timed=timed, protocol=proto,
+                      tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic,
+                      devices=k.devices)
+        tasks = [Task(kind="point", shape=s, dtype=d, level="kernel", seed=SEED + i,
+                      roofs=_roofs(ceilings, d, link_gbps), **common)
+                 for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]
+        tasks += [Task(kind="point", shape=w.shape, dtype=lv.workload.dtype, level="workload", seed=SEED + 1000 + i,
+                       roofs=_roofs(ceilings, lv.workload.dtype, link_gbps), **common) for i, w in enumerate(workload)]
+        if timed and v.name in (lv.end_to_end.baseline, lv.end_to_end.variant):
+            tasks.append(Task(kind="end_to_end", shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
+                              seed=SEED + 2000, scenario=lv.end_to_end.scenario,
+                              scenario_inputs=lv.end_to_end.inputs, **common))
+        groups[v.name] = {"variant": v, "device": device, "timed": timed, "tasks": tasks}
+    return groups
+
+
+def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
+    """Environment of a variant's child process. Triton's interpreter where Triton kernels are checked
+    on a CPU. Inductor's cache (its generated kernels and its autotuning picks) under casebook's cache
+    unless the caller chose one: torch.compile benchmarks candidate kernels at its first call and keeps
+    the winner there, so consecutive runs measure the same kernels instead of re-deciding per process.
+    A multi-device case's children are told its device count (`CASEBOOK_DEVICES`): the reference's child
+    makes every rank's inputs without joining the ranks."""
+    env = {"TRITON_INTERPRET": "1"} if interpreted else {}
+    if devices > 1:
+        env["CASEBOOK_DEVICES"] = str(devices)
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(paths.CACHE_DIR / "inductor")
+    return env
+
+
+def traffic_task(case: Case) -> OracleTask:
+    """The traffic model at the case's first level-1 (GPU) shape and first dtype, in a child like the rest."""
+    k = case.kernel
+    return OracleTask(module=k.module, shape=case.levels.kernel.shapes[0], dtype=case.levels.kernel.dtypes[0],
+                      device="cpu", traffic=k.traffic)
+
+
+PAIR_TIME_CAP_S = 0.5
+"""A paired timing's each measurement stops here at the latest; a shape takes 12 of them."""
+
+
+def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> list[Task]:
+    """A paired timing (`measure._pair`) for each point of each kernel-level speedup claim that names its
+    shapes and applies here, where both variants were timed and measured ok in the ladder."""
+    ok = {(t.variant, shape_label(t.shape), t.dtype): t for pairs in outcomes.values()
+          for t, p in pairs if t.kind == "point" and t.level == "kernel" and p.get("status") == "ok"}
+    cap = min(protocol.time_cap_s, PAIR_TIME_CAP_S)
+    tasks, seen = [], set()
+    for claim in case.claims:
+        if (claim.kind != "speedup" or claim.level != "kernel" or claim.where.shapes is None
+                or (claim.hardware is not None and slug not in claim.hardware)):
+            continue
+        for shape in claim.where.shapes:
+            for dtype in claim.where.dtypes or case.levels.kernel.dtypes:
+                mine = ok.get((claim.variant, shape_label(shape), dtype))
+                over = ok.get((claim.over, shape_label(shape), dtype))
+                key = claims_mod.pair_key(claim.variant, claim.over, shape, dtype)
+                if mine is None or over is None or mine.device != over.device or key in seen:
+                    continue
+                seen.add(key)
+                tasks.append(replace(mine, kind="pair", over=claim.over, over_fn=over.fn,
+                                     protocol={**mine.protocol, "time_cap_s": cap}))
+    return tasks

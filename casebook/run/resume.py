@@ -1,0 +1,47 @@
+"""What of a run cut short a new run keeps (`casebook run --resume`): its points measured with the same
+code, case, harness, machine and protocol."""
+
+from __future__ import annotations
+
+from casebook.case import Case
+from casebook.result import Result, shape_label
+from casebook.run import hardware
+from casebook.run.bench import Protocol
+
+REUSED = ("ok", "checked", "failed", "skipped")
+"""Statuses of a kept run's points that a resumed run keeps: each was measured, or told why it could not be;
+a crash or a timeout is tried again."""
+
+
+RESUME_PROTOCOL = ("warmup_ms", "min_reps", "max_reps", "target_ci", "time_cap_s")
+"""What of the timing protocol a kept run must share (its cache and graph are the case's, which
+`measurement_sha256` covers)."""
+
+
+def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol, sources: dict) -> tuple[dict, str | None]:
+    """The points of `kept` a run of `case` here may keep, by `point_key`, as the payloads they were judged from;
+    or why none: another case, kernel code, measured part of the case, harness, machine or timing protocol."""
+    differs = [what for what, a, b in (
+        ("case", kept.case_id, case.id),
+        ("kernel code (kernel_sha256)", kept.kernel_sha256, sources["kernel_sha256"]),
+        ("case's kernel, levels or claims (measurement_sha256)", kept.measurement_sha256,
+         sources["measurement_sha256"]),
+        ("harness (casebook_sha256)", kept.environment.casebook_sha256, hardware.source_sha256()),
+        ("machine", kept.hardware.slug, ident["slug"]),
+        ("timing protocol", [getattr(kept.protocol, k) for k in RESUME_PROTOCOL],
+         [getattr(protocol, k) for k in RESUME_PROTOCOL])) if a != b]
+    if differs:
+        return {}, "another " + ", ".join(differs)
+    out = {}
+    for level, points in (("kernel", kept.kernel_level), ("workload", kept.workload_level.points)):
+        for p in points:
+            if p.status in REUSED:
+                doc = p.model_dump(mode="json", by_alias=True, exclude_unset=True)
+                for k in ("variant", "shape", "dtype", "speedup", "weight", "source"):
+                    doc.pop(k, None)
+                out[point_key(level, p.variant, p.shape, p.dtype)] = doc
+    return out, None
+
+
+def point_key(level: str, variant: str, shape: dict, dtype: str) -> tuple:
+    return (level, variant, shape_label(shape), dtype)
