@@ -36,7 +36,7 @@ def pair_key(variant: str, over: str, shape: dict, dtype: str) -> tuple:
 def evaluate(case: Case, hardware_slug: str, kernel_points: list[dict], workload: dict, end_to_end: dict,
              paired: dict | None = None) -> list[dict]:
     """Each claim's verdict. `paired`: {pair_key(...): payload} of the run's paired
-    timings (`measure._pair`); a kernel-level speedup claim whose every point has one is judged on them."""
+    timings (`child._pair`); a kernel-level speedup claim whose every point has one is judged on them."""
     return [_evaluate(c, hardware_slug, kernel_points, workload, end_to_end, paired or {}) for c in case.claims]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from casebook import stability
 from casebook.claims import evaluate, pair_key
+from casebook.results import ResultError, load
 from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
 
 MAX_BYTES = 32 * 2**20
@@ -205,8 +206,6 @@ def claims_problems(case, doc: dict) -> list[str]:
 def problems(path: Path, case=None) -> list[str]:
     """Why the result file at `path` is not evidence for `case` (empty: every check passed)."""
     from pydantic import ValidationError
-
-    from casebook.results import ResultError, load
 
     path = Path(path)
     try:

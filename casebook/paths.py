@@ -1,4 +1,5 @@
-"""Files a book may read: its own, never through a symbolic link nor outside its folder.
+"""Where casebook reads and writes: the files a book may read (its own, never through a symbolic link nor
+outside its folder), and casebook's own cache outside the book (`CACHE_DIR`).
 
 A case file, a kernel module or a stored result that is a symlink (or sits under one, or resolves outside
 the book) could publish another file's text in the site and its search index, or echo it into a log:

@@ -76,7 +76,7 @@ class Launches(Record):
 
 
 class HarnessCost(Record):
-    """What measuring one point cost the harness, beside what its timed calls took (`casebook.run.execute`)."""
+    """What measuring one point cost the harness, beside what its timed calls took (`run.orchestrate.execute`)."""
 
     wall_s: float | None = Field(default=None, description="The point's whole time in the run, seconds: the "
                                                            "reference, the variant's child, the crossing, the judging.")
@@ -281,7 +281,7 @@ class Ceilings(Record):
 
 
 class MeasuredLink(Record):
-    """Multi-device cases: the devices and their link, measured before the run (`distributed.topology`)."""
+    """Multi-device cases: the devices and their link, measured before the run (`run.rank.topology`)."""
 
     devices: int = Field(description="Devices (ranks) the case runs on.")
     backend: str | None = Field(default=None, description="torch.distributed backend: nccl or gloo.")

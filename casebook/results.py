@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from casebook import paths
 from casebook.result import RESULT_SCHEMA_VERSION, Result
 
 
@@ -54,9 +55,7 @@ def runs_dir() -> Path:
     """Where `casebook run` keeps every run: `$CASEBOOK_CACHE/runs` (default ~/.cache/casebook/runs), outside
     the repository, so that running a case leaves the work tree as it was. `results/` is written only on
     request (`run --save`, `casebook record`)."""
-    from casebook.paths import CACHE_DIR
-
-    return CACHE_DIR / "runs"
+    return paths.CACHE_DIR / "runs"
 
 
 def run_path(runs: Path, result: Result) -> Path:

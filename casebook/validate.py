@@ -18,6 +18,9 @@ from casebook.case import Case, consistency_problems
 from casebook.load import CaseError, Lines, _located, read_case
 from casebook.paths import refusal
 from casebook.result import Result, shape_label
+from casebook.roofline import CEILINGS_APART, ceilings_apart
+from casebook.tolerance import OVERRIDE_FLAG, TOLERANCE, overridden
+from casebook.traffic import INTENSITY_TOLERANCE
 
 
 @dataclass
@@ -359,8 +362,6 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
 def check_tolerances(case: Case, lines: Lines) -> list[CaseError]:
     """Warn where a variant's own `tolerance` is far above the bound of a dtype it is checked in
     (`check.OVERRIDE_FLAG`): its check then says little, and the page says so."""
-    from casebook.tolerance import OVERRIDE_FLAG, TOLERANCE, overridden
-
     dtypes = {*case.levels.kernel.dtypes, case.levels.workload.dtype}
     out = []
     for i, v in enumerate(case.kernel.variants):
@@ -428,8 +429,6 @@ def intensity_mismatch(case: Case, doc: Result) -> str | None:
     """The case's declared arithmetic intensity against the traffic model's that its run recorded at the first
     level-1 shape, when they differ by more than `traffic.INTENSITY_TOLERANCE` (None: they agree, or the run
     recorded none). The declared figure is read from the case as it is now (it is not part of the hash)."""
-    from casebook.traffic import INTENSITY_TOLERANCE
-
     record = doc.arithmetic_intensity
     declared = case.bottleneck.arithmetic_intensity
     if declared is None or record is None or record.modelled is None or record.modelled <= 0:
@@ -447,8 +446,6 @@ def ceilings_disagree(result: Path, doc: Result, root: Path) -> list[str]:
     than `hardware.CEILINGS_APART`: one name standing for two machines (two hosts of one CPU model are), a
     warning on the results, not an error on the case being checked: its author cannot run the others' cases on
     their machine, and the site places each result on its own ceilings (`render.book`)."""
-    from casebook.roofline import CEILINGS_APART, ceilings_apart
-
     mine = doc.hardware.measured.model_dump()
     out = []
     for other in sorted(result.parent.glob("*.json")):

@@ -15,8 +15,8 @@ from casebook.commands.schema import json_schema_text
 
 from conftest import REPO
 
-HEAVY = ("torch", "triton", "matplotlib", "numpy", "mkdocs", "yaml", "casebook.schema", "casebook.load", "rich",
-         "typer.rich_utils", "pydantic")
+HEAVY = ("torch", "triton", "matplotlib", "numpy", "mkdocs", "yaml", "casebook.case", "casebook.result",
+         "casebook.load", "rich", "typer.rich_utils", "pydantic")
 """Not needed to print help. typer's rich help (`typer.rich_utils`, with rich's console, markdown and
 traceback) and its pydantic conversion of the group's absent `--help` (`cli.Commands`) each took 0.1-0.3 s
 of every `casebook COMMAND --help`."""

@@ -13,6 +13,7 @@ from casebook.projection import Projection, ProjectionError, project
 from casebook.render import links, text
 from casebook.render.book import Book, Entry
 from casebook.render.figures import best_variant
+from casebook.render.templates import front_matter, render
 from casebook.result import Ceilings
 
 PROJECTIONS = "projections.md"
@@ -100,8 +101,6 @@ def accuracy(book: Book) -> list[dict]:
 
 
 def projections_page(book: Book) -> str:
-    from casebook.render.pages import front_matter, render
-
     cases = []
     for entry in book.entries:
         targets = case_projections(entry, book)
@@ -135,8 +134,6 @@ def history_plot(entry: Entry, found: list[history_mod.Entry]) -> dict | None:
 
 
 def history_page(book: Book, repo: Path, images: dict[str, str]) -> str:
-    from casebook.render.pages import front_matter, render
-
     cases, slower = [], []
     for entry in book.entries:
         found, judged = case_history(entry, repo)

@@ -18,6 +18,7 @@ import json
 import time
 
 from casebook.run.child import Task
+from casebook.run.hardware import memory_bytes
 from casebook.run.isolate import Worker
 from casebook.run.oracle import OracleTask
 
@@ -34,13 +35,12 @@ def default_budget(device: str) -> int:
 
         if torch.cuda.is_available():
             return int(BUDGET_FRACTION * torch.cuda.get_device_properties(0).total_memory)
-    from casebook.run.hardware import memory_bytes
 
     return int(BUDGET_FRACTION * (memory_bytes() or 8 * 2**30))
 
 
 def fixed_seeds(task: Task) -> tuple[int, ...]:
-    """The seeds a point's kept calls always name (`measure._point`): the two checks, and when timed the contents
+    """The seeds a point's kept calls always name (`child._point`): the two checks, and when timed the contents
     after timing; a cold graph's further input sets are asked for when a sampled call names one."""
     return (task.seed, task.seed + 1, task.seed + 3) if task.timed else (task.seed, task.seed + 1)
 

@@ -23,7 +23,15 @@ from casebook.provenance import (
 )
 from casebook.result import RESULT_SCHEMA_VERSION, Result, shape_label
 from casebook.run import hardware, interference
-from casebook.run.bench import Protocol
+from casebook.run.bench import (
+    HOST_SLACK_MARGIN,
+    HOST_SLACK_US,
+    L2_FLUSH_METHOD,
+    PIPELINED_CALLS,
+    Protocol,
+    l2_flush_bytes,
+)
+from casebook.run.distributed import LOCKSTEP
 from casebook.run.plan import SEED, traffic_task
 from casebook.tolerance import ROW_TOLERANCE, TOLERANCE
 from casebook.traffic import INTENSITY_TOLERANCE
@@ -116,18 +124,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                                    "poisoned before every call alike; inputs checked unmodified; each output's "
                                    "checksum taken as it was copied, checked where it is judged"}
     if case.kernel.devices > 1:
-        from casebook.run.distributed import LOCKSTEP
-
         protocol_doc.update(rank_barrier=True, ranks=LOCKSTEP)
     if on_gpu:
-        from casebook.run.bench import (
-            HOST_SLACK_MARGIN,
-            HOST_SLACK_US,
-            L2_FLUSH_METHOD,
-            PIPELINED_CALLS,
-            l2_flush_bytes,
-        )
-
         protocol_doc["host_slack"] = (f"device-side delay before each repetition: max({HOST_SLACK_US:g} us, "
                                       f"{HOST_SLACK_MARGIN:g} x the p90 of the warm-up calls' host times, each from "
                                       "a synchronised start)")

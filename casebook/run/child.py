@@ -22,6 +22,9 @@ import sys
 from dataclasses import dataclass, field
 
 from casebook.run import autotune, bench
+from casebook.run.check import TORCH_DTYPES
+from casebook.run.distributed import run_ranks
+from casebook.run.interference import cpu_threads, gpu_state
 from casebook.run.judge import TIMED_SAMPLES
 from casebook.run.transport import digest
 
@@ -120,12 +123,8 @@ def loaded_kernel_modules() -> list[str]:
 def work(task: Task) -> dict:
     """Entry point in the child."""
     if task.devices > 1:  # a multi-device case: one process per rank, this one gathers them
-        from casebook.run.distributed import run_ranks
-
         return run_ranks(task)
     import torch
-
-    from casebook.run.interference import cpu_threads
 
     torch.set_num_threads(cpu_threads())  # explicit, and recorded with each point
     torch.backends.cuda.matmul.allow_tf32 = task.dtype == "tf32"
@@ -293,8 +292,6 @@ def _refill(inputs: dict, fresh: dict) -> dict:
 def _point(task: Task, mod) -> dict:
     import torch
 
-    from casebook.run.check import TORCH_DTYPES
-
     fn, make_inputs = getattr(mod, task.fn), getattr(mod, task.inputs)
     dtype = TORCH_DTYPES[task.dtype]
 
@@ -365,7 +362,6 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
         calls.append(_record("after", task.seed + 3, out, sets[0], before))
         del out
         if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
-            from casebook.run.interference import gpu_state
 
             payload["interference"] = {**timing.interference, "gpu": gpu_state()}
     payload["calls"] = calls
@@ -409,8 +405,6 @@ def _pair(task: Task, mod) -> dict:
     (Google Benchmark's random interleaving answers the same problem)."""
     import torch
 
-    from casebook.run.check import TORCH_DTYPES
-
     protocol = bench.Protocol(**task.protocol)
     make = getattr(mod, task.inputs)
     g = torch.Generator().manual_seed(task.seed + 2)
@@ -445,8 +439,6 @@ def _end_to_end(task: Task, mod) -> dict:
     """The scenario with this variant, timed, a sample of its timed outputs kept; the variant alone on the
     arguments the scenario gives it. Raw times; the parent summarises."""
     import torch
-
-    from casebook.run.check import TORCH_DTYPES
 
     fn = getattr(mod, task.fn)
     scenario = getattr(mod, task.scenario)

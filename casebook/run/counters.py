@@ -18,6 +18,7 @@ from typing import Callable
 
 from casebook.case import Case
 from casebook.result import Result
+from casebook.run.check import TORCH_DTYPES
 from casebook.run.plan import placement
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -115,8 +116,6 @@ def _profiled_call(spec: dict) -> None:
     import importlib
 
     import torch
-
-    from casebook.run.check import TORCH_DTYPES
 
     mod = importlib.import_module(f"casebook.kernels.{spec['module']}")
     fn = getattr(mod, spec["fn"])

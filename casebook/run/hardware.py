@@ -1,4 +1,5 @@
-"""The machine: datasheet peaks (data with a source) beside ceilings measured here, cached per machine."""
+"""This machine: who it is (its slug, its software, its checkout's state) and its ceilings, measured here and cached
+per machine (the datasheet peaks beside them are `casebook.datasheets`')."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 
 from casebook import paths, stability
 from casebook.datasheets import datasheets
-from casebook.result import slug
+from casebook.evidence import ceilings_problems
+from casebook.result import Ceilings, slug
+from casebook.run.bench import HOST_SLACK_US, Protocol, time_fn
 from casebook.run.interference import Window
 
 CEILINGS_VERSION = 6
@@ -281,8 +284,6 @@ def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
     """Why cached ceilings cannot be this machine's (empty: they can): a rate that is no positive number, or
     one beyond the datasheet's peak (`evidence.ceilings_problems`). The cache is a file any process of the
     user can write, a variant's child among them: read back, it is measured again rather than believed."""
-    from casebook.evidence import ceilings_problems
-
     rates = [measured.get("copy_gbps"), measured.get("launch_us"),
              *((measured.get("matmul_tflops") or {}).values() if isinstance(measured.get("matmul_tflops"), dict)
                else [None])]
@@ -295,8 +296,6 @@ def cached_valid(cached: dict) -> bool:
     """Whether a cached file is ceilings as a result records them (the cache is a file any process of the user can
     write: one with a key of its own, or a rate that is not a number, is measured again, not believed)."""
     from pydantic import ValidationError
-
-    from casebook.result import Ceilings
 
     try:
         Ceilings.model_validate(cached)
@@ -323,8 +322,6 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
     `best_shapes` (None: every shape for every dtype) and `time_cap_s` (each ceiling's timing) make it as
     thorough as before (2.0, None, 1.0: 41 s on an H200) for a comparison (benchmarks/explore/method/)."""
     import torch
-
-    from casebook.run.bench import HOST_SLACK_US, Protocol, time_fn
 
     proto = Protocol(cache="warm", time_cap_s=time_cap_s)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -398,8 +395,6 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
 def measure_cpu() -> dict:
     """Copy bandwidth (read + write), fp32 matmul, the cost of one tiny op call."""
     import torch
-
-    from casebook.run.bench import Protocol, time_fn
 
     proto = Protocol(cache="warm", time_cap_s=0.5)
     g = torch.Generator().manual_seed(0)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 
 from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
-from casebook.run.check import CheckFailed, compare_output
+from casebook.run.check import TORCH_DTYPES, CheckFailed, compare_output
 from casebook.run.transport import Unsent, digest
 from casebook.stats import summarize
+from casebook.tolerance import TOLERANCE
 
 TIMED_SAMPLES = 2
-"""Timed repetitions whose outputs the variant's child keeps (reservoir sampling, `measure`) and the judge
+"""Timed repetitions whose outputs the variant's child keeps (reservoir sampling, `child`) and the judge
 requires: a point without them is not accepted, whatever its checks said."""
 
 TIMER_REBOUND = ("the variant's process rebound what the harness relies on ({names}): nothing timed or returned "
@@ -83,8 +84,6 @@ def unchanged(o: dict, expected, dtype: str) -> None:
     behind for want of room (with its shape and dtype where those already say why), and with the checksum the
     child took of its copy then (`transport.digest`): bytes written into the copy after the call, or into the
     lent memory after the answer was sent, do not match it."""
-    from casebook.run.check import TORCH_DTYPES
-
     t = o["tensor"]
     if isinstance(t, Unsent):
         want = str(TORCH_DTYPES[dtype] if expected.is_floating_point() else expected.dtype).removeprefix("torch.")
@@ -296,8 +295,6 @@ def fingerprint_diff(a, b) -> float:
 
 def end_to_end(run: dict, dtype: str) -> dict:
     """The scenario's summary from raw times; its timed outputs (a sample) must agree with its first."""
-    from casebook.tolerance import TOLERANCE
-
     if run.get("status") != "ran":
         return passthrough(run) or {"status": "crashed", "error": "no answer"}
     if run.get("rebound"):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from casebook.run.check import TORCH_DTYPES, upcast
+
 
 @dataclass(frozen=True)
 class OracleTask:
@@ -45,7 +47,6 @@ def work(task: OracleTask) -> dict:
     import torch
 
     from casebook.kernels import __name__ as package
-    from casebook.run.check import TORCH_DTYPES, upcast
 
     mod = importlib.import_module(f"{package}.{task.module}")
     dtype = TORCH_DTYPES[task.dtype]

@@ -14,6 +14,7 @@ from typing import Callable
 from casebook.case import Case
 from casebook.load import load_case
 from casebook.result import ClaimPairedTiming, Point, Result
+from casebook.run import counters as counters_mod
 from casebook.run import hardware, interference, judge, transport
 from casebook.run.answers import Answers, default_budget, fixed_seeds
 from casebook.run.assemble import assemble, command_line, intensity_check, now, sources_of
@@ -24,6 +25,7 @@ from casebook.run.child import work as measure_work
 from casebook.run.isolate import Worker
 from casebook.run.oracle import work as oracle_work
 from casebook.run.plan import pair_tasks, plan, traffic_task, variant_env
+from casebook.run.rank import measure_topology
 from casebook.run.resume import point_key, resumable
 
 Progress = Callable[[str, dict], None]
@@ -72,8 +74,6 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     progress("note", {"message": "ceilings: " + ("those of the run resumed" if parts else "given by the caller"
                                                   if ceilings else hardware.provenance_of(run["ceilings"], since))})
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
-        from casebook.run.distributed import measure_topology
-
         progress("topology", {"devices": case.kernel.devices})
         ident["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
     groups = plan(case, on_gpu, protocol, run["ceilings"], only, (ident.get("topology") or {}).get("bus_gbps"))
@@ -93,8 +93,6 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     doc = assemble(run, protocol, groups, outcomes, complete=True)
     result = Result.model_validate(doc)
     if counters:
-        from casebook.run import counters as counters_mod
-
         if checkpoint is not None:
             checkpoint(result)
         rows = counters_mod.read(case, result, progress=lambda msg: progress("note", {"message": msg}))
@@ -192,7 +190,7 @@ def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: floa
 
 
 def reference_seeds(task: Task) -> set[int]:
-    """The seeds a point's calls may name (`measure._point`): two checks, the contents after timing, and
+    """The seeds a point's calls may name (`child._point`): two checks, the contents after timing, and
     the further input sets of a cold graph. A record naming another gets no reference, and fails."""
     return {task.seed, task.seed + 1, task.seed + 3} | {task.seed + 10 + j for j in range(MAX_INPUT_SETS)}
 
@@ -213,13 +211,13 @@ def call_bytes(answers: dict, dtype: str) -> int:
 def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers | None = None,
             on_done: Callable[[int, dict], None] | None = None, loaded: set | None = None,
             reuse: dict | None = None, worker: Worker | None = None) -> list[dict]:
-    """Each task run in the variant's child (`measure.work`, which only executes), judged here (`casebook.run.judge`)
+    """Each task run in the variant's child (`child.work`, which only executes), judged here (`casebook.run.judge`)
     against the reference's answers (`answers`, from a child that never calls a variant; one of its own where not
     given). One payload per task, in order; `loaded` gathers the kernel modules the variant's child imported.
     `reuse`: payloads already measured, by `point_key` (a resumed run's), which are not measured again.
 
     A point's reference is asked for first: its outputs' shapes set the room the variant's child is lent for
-    the outputs of its kept calls (`measure.kept_calls`); on a GPU they cross in device memory
+    the outputs of its kept calls (`child.kept_calls`); on a GPU they cross in device memory
     (`casebook.run.transport`). Each point records what its measurement cost (`harness`): wall time, the time of its
     timed calls, the wait for the reference, the crossing and the judging. `worker`: the variant's child, where
     the caller has made (or started) it; released at the end either way."""

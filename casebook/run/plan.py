@@ -99,7 +99,7 @@ PAIR_TIME_CAP_S = 0.5
 
 
 def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> list[Task]:
-    """A paired timing (`measure._pair`) for each point of each kernel-level speedup claim that names its
+    """A paired timing (`child._pair`) for each point of each kernel-level speedup claim that names its
     shapes and applies here, where both variants were timed and measured ok in the ladder."""
     ok = {(t.variant, shape_label(t.shape), t.dtype): t for pairs in outcomes.values()
           for t, p in pairs if t.kind == "point" and t.level == "kernel" and p.get("status") == "ok"}

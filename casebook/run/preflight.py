@@ -13,6 +13,7 @@ from pathlib import Path
 
 from casebook import provenance
 from casebook.load import CaseError, read_case
+from casebook.results import runs_dir
 
 MIN_FREE_BYTES = 64 * 2**20
 """Room a run needs where it writes: its kept run, checkpoints, the ceilings cache."""
@@ -53,8 +54,6 @@ def problems(path: Path, results_dir: Path | None = None, loaded: tuple | None =
     """Every bad state of running the case at `path` here, one line each (empty: none found). `results_dir`:
     where the run will be stored (`--save`), checked for room and permission; `loaded`: the case and its
     lines (`load.read_case`), where the caller has read them already."""
-    from casebook.results import runs_dir
-
     try:
         case, lines = loaded or read_case(path)
     except CaseError as e:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from casebook.run import cuda_ipc
+
 MAX_MESSAGE = 16 * 2**30
 """The most bytes of tensors the parent reads through the host (outputs of a large GEMM in float64 fit)."""
 
@@ -505,8 +507,6 @@ class CudaMemory:
     kind, device = "cuda", "cuda"
 
     def __init__(self, nbytes: int, opened=None):
-        from casebook.run import cuda_ipc
-
         self.nbytes = nbytes
         self.block = opened or cuda_ipc.Block.allocate(nbytes)
         self.tensor = self.block.tensor
@@ -517,8 +517,6 @@ class CudaMemory:
 
     @classmethod
     def open(cls, grant: dict) -> "CudaMemory":
-        from casebook.run import cuda_ipc
-
         return cls(int(grant["bytes"]), opened=cuda_ipc.Block.open(grant["name"], int(grant["bytes"])))
 
     def zero(self) -> None:
@@ -611,8 +609,6 @@ def arena_for(device: str) -> tuple["Arena | None", str]:
     if choice == "host":
         return None, f"host ({TRANSPORT_ENV}=host)"
     if device == "cuda":
-        from casebook.run import cuda_ipc
-
         if why := cuda_ipc.unavailable():
             return None, f"host: device memory cannot be shared here ({why})"
         return Arena(CudaMemory), "device: CUDA IPC, outputs and answers never leave the GPU"

@@ -17,7 +17,7 @@ from casebook.run.child import Task, work
 from casebook.run.distributed import lockstep, merge
 from casebook.run.isolate import run_isolated
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
 FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm"))
 ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 
@@ -147,7 +147,7 @@ def test_a_sibling_ranks_cpu_is_the_runs_not_a_busy_machine(monkeypatch):
     assert raw["status"] == "ran", raw
     rank0 = raw["rank_interference"][0]
     assert rank0["run_cpu_s"] / rank0["window_s"] > 0.3, rank0  # the sibling's 20 ms a call, seen as the run's
-    # (that what is counted as the run's is left out of other_cpu_s: tests/test_interference.py)
+    # (that what is counted as the run's is left out of other_cpu_s: tests/run/test_interference.py)
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_a_foreign_burner_beside_two_ranks_is_a_busy_machine(monkeypatch):
 
 @pytest.mark.slow
 def test_the_link_is_measured():
-    from casebook.run.distributed import measure_topology
+    from casebook.run.rank import measure_topology
 
     topo = measure_topology(2, "cpu", timeout_s=120)
     assert topo["devices"] == 2 and topo["backend"] == "gloo" and topo["link"] == "loopback"
@@ -215,7 +215,7 @@ def test_two_devices_are_another_machine():
 def test_kernel_devices_and_topology_devices_agree(tmp_path):
     from casebook.load import load_case
 
-    text = (Path(__file__).parent.parent / "cases" / "allreduce_norm.yaml").read_text()
+    text = (Path(__file__).parents[2] / "cases" / "allreduce_norm.yaml").read_text()
     bad = tmp_path / "allreduce_norm.yaml"
     bad.write_text(text.replace("topology:\n  devices: 2", "topology:\n  devices: 4"))
     with pytest.raises(Exception, match="topology.devices says the kernel spans 4"):

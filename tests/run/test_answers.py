@@ -20,7 +20,7 @@ from casebook.run.bench import QUICK
 from casebook.run.child import Task
 from casebook.run.oracle import OracleTask, work
 
-KERNELS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+KERNELS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
 SHAPE = {"rows": 4, "cols": 8}
 SEED = 7
 ANSWER_BYTES = SHAPE["rows"] * SHAPE["cols"] * 8

@@ -131,7 +131,7 @@ MORE_VARIANTS = """\
     - {name: gpu_only, fn: honest, note: "Nowhere to run on a CPU.", backends: [cuda]}
 """
 CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
-"""Synthetic ceilings (as tests/test_run.py's): the tiny case's kernels sit far under every roof."""
+"""Synthetic ceilings (as tests/run/test_orchestrate.py's): the tiny case's kernels sit far under every roof."""
 TIMEOUT_S = 120.0
 
 

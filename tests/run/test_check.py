@@ -18,7 +18,7 @@ from casebook import case
 from casebook.run.check import TORCH_DTYPES, CheckFailed, check, upcast
 from casebook.tolerance import TOLERANCE
 
-CHEATS = Path(__file__).parent / "fixtures" / "kernels" / "cheats.py"
+CHEATS = Path(__file__).parents[1] / "fixtures" / "kernels" / "cheats.py"
 SHAPE = {"rows": 64, "cols": 1000}
 
 

@@ -16,7 +16,7 @@ from casebook.run.child import Task
 from casebook.run.orchestrate import execute
 from casebook.tolerance import TOLERANCE
 
-CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+CHEATS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
 SHAPE = {"rows": 64, "cols": 1000}
 SEED = 100
 FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05))

@@ -27,7 +27,7 @@ from casebook.run.bench import QUICK
 
 from conftest import REPO, SOFTMAX, empty_result
 
-CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
+CHEATS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
 CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 """Synthetic ceilings (1 TB/s, 1 PFLOP/s): the tiny case's kernels sit far under every roof."""
 

@@ -1,0 +1,1 @@
+"""Tools for working on casebook itself, not for reading or running a book."""
