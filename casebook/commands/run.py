@@ -93,7 +93,7 @@ def preflight_problem(case: Path, results_dir: Path, save: bool, loaded: tuple |
 def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, results_dir: Path,
          timeout: float, save: bool, force: bool, argv: list[str] | None, loaded=None, resume: bool = False,
          kept: list | None = None) -> int:
-    from casebook.run import assemble, resume
+    from casebook.run import assemble
 
     earlier = None
     if resume:
@@ -153,14 +153,14 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
             progress, say, ceilings: dict | None = None, loaded=None, resume: Result | None = None,
             kept: list | None = None) -> Result:
-    """One case's run (`casebook.orchestrate.run_case`), its counters if asked, the command line that made it: the
+    """One case's run (`casebook.run.orchestrate.run_case`), its counters if asked, the command line that made it: the
     `Result`, not yet kept. A checkpoint is kept after each point (`keep`), so a run cut short leaves what it
     measured, and `kept` (a list, where given) gets the checkpoint's path. The same for one case here and for
     each case of a pool or a cluster (`ceilings`: the machine's, measured once for a CPU pool's workers; else
     this device's, cached). `loaded`: the case at `case`, where the caller has loaded it. `resume`: a kept run
     cut short, to go on from."""
     from casebook import results
-    from casebook.run import orchestrate, resume
+    from casebook.run import orchestrate
 
     def checkpoint(partial: Result) -> None:
         path = results.save_as(partial, results.run_path(results.runs_dir(), partial))

@@ -397,28 +397,57 @@ the order A B, B A, B A, A B, A B, B A, so that a drift in clocks over the round
 
 def _pair(task: Task, mod) -> dict:
     """A speedup claim's two variants timed in alternation on the same inputs, in one process; the raw
-    times of each round (`judge.pair` takes their medians and ratios).
+    times of each round (`judge.pair` takes their medians and ratios), and each variant's outputs as a point
+    keeps them: a sample of its timed calls, and one call after timing on new values in the same tensors.
 
     The ladder times one variant at every shape, then the next: minutes apart on a GPU whose clock
     follows its recent power draw. The ratio of the same two kernels read 0.96x and 0.93x in two runs
     of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift
-    (Google Benchmark's random interleaving answers the same problem)."""
+    (Google Benchmark's random interleaving answers the same problem).
+
+    The inputs are the ladder point's (its seeds), so the reference's answers for them judge the outputs; a
+    variant that computes something else only here (it can tell a paired timing from its stack) fails its
+    claim, as it would fail its point."""
     import torch
 
     protocol = bench.Protocol(**task.protocol)
     make = getattr(mod, task.inputs)
-    g = torch.Generator().manual_seed(task.seed + 2)
-    sets = [make(task.shape, TORCH_DTYPES[task.dtype], task.device, g) for _ in range(2)]
-    calls = {}
-    for role, name in (("variant", task.fn), ("over", task.over_fn)):
-        f, rotation = getattr(mod, name), _Rotation(len(sets))
+    seeds = [task.seed, task.seed + 1]
+
+    def inputs(seed: int) -> dict:
+        return make(task.shape, TORCH_DTYPES[task.dtype], task.device, torch.Generator().manual_seed(seed))
+
+    sets = [inputs(s) for s in seeds]
+    poison = _Poison(task.device, [(tuple(v.shape), v.dtype) for v in sets[0].values() if torch.is_tensor(v)])
+    roles = {"variant": getattr(mod, task.fn), "over": getattr(mod, task.over_fn)}
+    calls, samples, rotations = {}, {}, {}
+    for role, f in roles.items():
+        rotations[role] = rotation = _Rotation(len(sets))
         calls[role] = lambda f=f, rotation=rotation: f(**sets[rotation.next()])
+        samples[role] = _Reservoir(SAMPLES, rotation, seeds,
+                                   lambda out, k: _record("timed", seeds[k], out, sets[k], None))
+        rotation.pin = 0
+        poison()
+        poison.learn(calls[role]())  # each output's size, for the poison before every timed call
+        rotation.pin = None
     rounds = []
     for r in range(PAIR_ROUNDS):
         order = ("variant", "over") if r % 4 in (0, 3) else ("over", "variant")
-        times = {role: bench.time_fn(calls[role], task.device, protocol).times for role in order}
+        times = {role: bench.drive(calls[role], bench.timing_schedule(
+            task.device, protocol, observe=samples[role].offer, prepare=poison, graph_call=calls[role])).times
+            for role in order}
         rounds.append([times["variant"], times["over"]])
-    return {"status": "ran", "rounds_times_us": rounds}
+    kept: dict[str, list] = {}
+    sets[0] = _refill(sets[0], inputs(task.seed + 3))  # as after a point's timing: new values, the same memory
+    for role in roles:
+        rotations[role].pin = 0
+        before = _clone_inputs(sets[0])
+        poison()
+        out = calls[role]()
+        kept[role] = [{**rec, "call": n} for n, rec in sorted(samples[role].kept, key=lambda kr: kr[0])]
+        kept[role].append(_record("after", task.seed + 3, out, sets[0], before))
+        del out
+    return {"status": "ran", "rounds_times_us": rounds, "calls": kept}
 
 
 # --- level 3: the scenario -----------------------------------------------------------------------------

@@ -180,13 +180,13 @@ def point(task, run: dict, oracle: dict | None) -> dict:
     return {**out, **place_point(task, run, oracle.get("traffic") or {})}
 
 
-def missing_calls(task, calls: list) -> str | None:
+def missing_calls(task, calls: list, checks: int = 2) -> str | None:
     """Why a point's kept calls are not the ones the harness keeps (None: they are): two checks, and when timed
     the sampled repetitions (none under CUDA-graph replay, whose calls are not sampled) and the call after timing.
     A child whose sampler was emptied sends its checks alone: its timed calls were never seen."""
     roles = [rec.get("role") if isinstance(rec, dict) else None for rec in calls]
     graph = bool((task.protocol or {}).get("graph")) and task.device == "cuda"
-    want = {"check": 2, "timed": 0 if not task.timed or graph else TIMED_SAMPLES, "after": 1 if task.timed else 0}
+    want = {"check": checks, "timed": 0 if not task.timed or graph else TIMED_SAMPLES, "after": 1 if task.timed else 0}
     have = {role: roles.count(role) for role in want}
     if have != want or len(roles) != sum(want.values()):
         return (f"the child sent {', '.join(f'{have[r]} {r}' for r in want)} call(s) where the harness keeps "
@@ -266,14 +266,28 @@ def _on_link(link_bytes: float, median_us: float, roofs: Roofs, p) -> dict:
             "link_roof_gbps": roofs.link_gbps}
 
 
-def pair(run: dict) -> dict:
-    """A paired timing's rounds: each round's two medians, and the median of their ratios."""
+def pair(task, run: dict, oracle: dict | None) -> dict:
+    """A paired timing's rounds: each round's two medians, and the median of their ratios; each variant's kept
+    outputs (a sample of its timed calls, the call after timing) judged first, as a point's are."""
     import statistics
 
     if run.get("status") != "ran":
         return passthrough(run) or {"status": "crashed", "error": "no answer"}
     if run.get("rebound"):
         return {"status": "failed", "error": TIMER_REBOUND.format(names=", ".join(run["rebound"][:4]))}
+    if not isinstance(oracle, dict) or oracle.get("status") != "ok":
+        why = (oracle or {}).get("error", "no answer")
+        return {"status": "crashed", "error": f"the reference could not be computed: {why}"}
+    calls = run.get("calls") if isinstance(run.get("calls"), dict) else {}
+    for role, name in (("variant", task.variant), ("over", task.over)):
+        kept = calls.get(role) if isinstance(calls.get(role), list) else []
+        if why := missing_calls(task, kept, checks=0):
+            return {"status": "failed", "error": f"{name} in the paired timing: {why}"}
+        for rec in kept:
+            try:
+                judge_call(rec, oracle["expected"].get(str(rec.get("seed"))), task.device, task.dtype, task.tolerance)
+            except CheckFailed as e:
+                return {"status": "failed", "error": f"{name} in the paired timing, {_where(rec)}: {e}"}
     rounds = []
     for r in run.get("rounds_times_us") or []:
         if not isinstance(r, list) or len(r) != 2 or any(times_problem(t) for t in r):

@@ -237,7 +237,7 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
             if task.kind == "point" and reuse and key in reuse:
                 payload = {**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}}
             elif task.kind == "pair":
-                payload = _sound(task, lambda: judge.pair(variant.request(task, timeout_s)), variant)
+                payload = _sound(task, lambda: _pair(task, variant, answers, timeout_s), variant)
             elif task.kind == "end_to_end":
                 payload = _sound(task, lambda: _scenario(task, variant, timeout_s, t0), variant)
             else:
@@ -270,6 +270,14 @@ def _sound(task: Task, judged: Callable[[], dict], variant: Worker) -> dict:
         variant.close()
         return {"status": "crashed", "error": f"the child's answer does not make a record ({type(e).__name__}: "
                                               f"{str(e).splitlines()[0][:200] if str(e) else ''})"}
+
+
+def _pair(task: Task, variant: Worker, answers: Answers, timeout_s: float) -> dict:
+    """A paired timing, its two variants' kept outputs judged against the ladder point's answers (the same seeds:
+    asked for once a run), room lent for both."""
+    fixed = answers.get(task, fixed_seeds(task))
+    room = 2 * kept_calls(True) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
+    return judge.pair(task, variant.request(task, timeout_s, room=room), fixed)
 
 
 def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> dict:

@@ -134,6 +134,17 @@ def test_pair_times_both_variants_in_alternation(payloads):
     assert all(b >= 1000.0 for _, b in p["rounds_us"]), "the second column is the variant measured against"
 
 
+def test_a_variant_that_cheats_only_in_the_paired_timing_fails_it():
+    """Its ladder point is honest; the paired timing keeps a sample of each variant's timed outputs and one call
+    after timing, judged against the ladder's answers, so the claim it would inflate fails."""
+    pair = replace(task("cheats_in_pair"), kind="pair", over="slower", over_fn="slower")
+    point, paired = execute([task("cheats_in_pair"), pair], timeout_s=120,
+                            env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
+    assert point["status"] == "ok", point
+    assert paired["status"] == "failed", paired
+    assert paired["error"].startswith("cheats_in_pair in the paired timing, "), paired["error"]
+
+
 def test_end_to_end(payloads):
     p = payloads[-1]
     assert p["status"] == "ok", p
