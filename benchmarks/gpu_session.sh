@@ -234,7 +234,7 @@ case "${1:-}" in
   allreduce)  # issue 35: 2 H200s (nvidia-h200-x2); NCCL and symmetric memory need both GPUs visible
     nvidia-smi topo -m > "$out/logs/topology.txt" 2>&1; head -4 "$out/logs/topology.txt"
     python3 -c 'import torch; print("gpus:", torch.cuda.device_count())'
-    timeout 120 python3 -m pytest -q tests/test_distributed.py > "$out/logs/distributed_pytest.txt" 2>&1
+    timeout 120 python3 -m pytest -q tests/run/test_distributed.py > "$out/logs/distributed_pytest.txt" 2>&1
     echo "distributed pytest: exit $?"; tail -3 "$out/logs/distributed_pytest.txt"
     run_case allreduce_norm $((590 - SECONDS)) ;;
   norms-layer)  # call 3: layernorm and its backward (bf16), with counters

@@ -159,9 +159,10 @@ def test_the_timer_patch_is_named(attacked):
 
 
 def test_every_call_of_a_point_is_judged_in_the_parent(attacked):
-    """Two checks, a sample of the timed calls and the call after timing: five outputs per timed point."""
+    """Two checks, a sample of the timed calls, the one after a blend and the call after timing: six outputs per
+    timed point."""
     p = point(attacked[0], "honest")
-    assert p.checked_calls == 5 and p.max_row_err <= 1e-2
+    assert p.checked_calls == 6 and p.max_row_err <= 1e-2
 
 
 def test_a_grandchild_does_not_outlive_its_parent(attacked):
@@ -222,7 +223,7 @@ def test_an_attack_on_the_crossing_is_refused_and_the_run_goes_on(attacked_on_de
 
 def test_the_crossing_carries_honest_answers_and_leaves_nothing(attacked_on_device):
     result, _, spill = attacked_on_device
-    assert point(result, "honest").status == "ok" and point(result, "honest").checked_calls == 5
+    assert point(result, "honest").status == "ok" and point(result, "honest").checked_calls == 6
     assert "device protocol" in result.protocol.transport
     assert list(spill.iterdir()) == [], "every lent memory and spilled file removed"
 

@@ -58,8 +58,9 @@ def test_regressions_say_none_only_where_every_shape_was_timed():
 E2E = load_case(SOFTMAX).levels.end_to_end  # baseline torch_softmax, variant triton_online, bf16
 
 
-def e2e(kernel_us: float, scenario_us: float, fingerprint=(1.0, 2.0), status: str = "ok") -> dict:
-    return {"status": status, "kernel_us": kernel_us, "scenario_us": scenario_us, "fingerprint": list(fingerprint)}
+def e2e(kernel_us: float, scenario_us: float, fingerprint=(1.0, 2.0), status: str = "ok", after=(3.0, 1.0)) -> dict:
+    return {"status": status, "kernel_us": kernel_us, "scenario_us": scenario_us, "fingerprint": list(fingerprint),
+            "after_fingerprint": list(after)}
 
 
 def test_end_to_end_amdahl():
@@ -92,3 +93,17 @@ def test_amdahl_and_the_share_past_which_timings_are_disturbed():
     assert levels.amdahl(0.0, 10.0) == 1.0 and levels.amdahl(1.0, 3.0) == pytest.approx(3.0)
     doc = levels.end_to_end(E2E, {"torch_softmax": e2e(110.0, 100.0)}, on_gpu=True)
     assert doc["status"] == "failed" and "kernel share 110%" in doc["error"]
+
+
+def test_the_variants_share_past_which_its_timings_are_disturbed():
+    """The share check holds for the variant as for the baseline: its kernel alone cannot take longer than its whole
+    scenario."""
+    doc = levels.end_to_end(E2E, {"torch_softmax": e2e(30.0, 100.0), "triton_online": e2e(90.0, 80.0)}, on_gpu=True)
+    assert doc["status"] == "failed" and "the variant's kernel share 112%" in doc["error"], doc
+
+
+def test_the_outputs_after_timing_on_new_values_must_agree_too():
+    """A variant whose scenario answer is kept by its inputs' memory returns the old answer on new values."""
+    runs = {"torch_softmax": e2e(30.0, 100.0), "triton_online": e2e(10.0, 80.0, after=(3.0, 1.5))}
+    doc = levels.end_to_end(E2E, runs, on_gpu=True)
+    assert doc["status"] == "failed" and "scenario outputs differ" in doc["error"], doc

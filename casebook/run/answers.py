@@ -25,7 +25,7 @@ from casebook.run.oracle import OracleTask
 BUDGET_FRACTION = 0.05
 """Of the judging device's memory (a GPU's, else the host's), what kept answers may hold: the variant's child,
 the reference's child, the memory lent to them and the judge's own copies need the rest (at 4096 x 262144 a
-point's five bf16 outputs are 10 GiB, lent and then copied, and its three float32 answers 12 GiB)."""
+point's six bf16 outputs are 12 GiB, lent and then copied, and its four float32 answers 16 GiB)."""
 
 
 def default_budget(device: str) -> int:

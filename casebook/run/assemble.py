@@ -119,7 +119,8 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                                  "crash or hang is recorded and the rest goes on",
                     "transport": run.get("crossing"),
                     "correctness": "2 calls on fresh random inputs before timing, 2 timed repetitions sampled as they "
-                                   "returned, 1 call after timing on new values in the same tensors; float64 "
+                                   "returned and 1 kept after an input set was blended at random places, 1 call "
+                                   "after timing on new values in the same tensors; float64 "
                                    "reference; normwise and per-row relative error; NaN/Inf fail; the allocator "
                                    "poisoned before every call alike; inputs checked unmodified; each output's "
                                    "checksum taken as it was copied, checked where it is judged"}

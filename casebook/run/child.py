@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 
 from casebook.run import autotune, bench
+from casebook.run import inputs as inputs_mod
 from casebook.run.check import TORCH_DTYPES
 from casebook.run.distributed import run_ranks
 from casebook.run.interference import cpu_threads, gpu_state
@@ -35,9 +36,10 @@ SAMPLES = TIMED_SAMPLES
 
 
 def kept_calls(timed: bool) -> int:
-    """Calls of a point whose outputs are sent to be judged: two checks; when timed, the sampled repetitions
-    and the call after timing (what the room lent for its outputs is counted in)."""
-    return 2 + (SAMPLES + 1 if timed else 0)
+    """Calls of a point whose outputs are sent to be judged, at most: two checks; when timed, the sampled
+    repetitions, the one after a blend (`inputs.blend`) and the call after timing (what the room lent for its
+    outputs is counted in)."""
+    return 2 + (SAMPLES + 2 if timed else 0)
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,43 @@ class _Reservoir:
         self.kept[slot] = (self.seen, self.make(out, self.rotation.k))
 
 
+class _Sampler:
+    """What a timing shows the parent of its repetitions: a uniform sample of `SAMPLES` outputs (`_Reservoir`),
+    and, where `inputs.blends`, the output of one repetition chosen at random before which the input set it takes
+    was blended (`inputs.blend`), kept whatever the sample. `ids`: what each input set holds now (its seed, or
+    its blended name once blended), shared by the samplers of calls that take the same sets (a paired timing's two)."""
+
+    def __init__(self, task: Task, protocol, sets: list[dict], ids: list[int], rotation: _Rotation, poison):
+        self.sets, self.ids, self.rotation, self.poison = sets, ids, rotation, poison
+        self.seen, self.force, self.forced = 0, False, []
+        self.blend_at = (random.SystemRandom().randrange(1, protocol.min_reps) if inputs_mod.blends(task) else None)
+        self.reservoir = _Reservoir(SAMPLES, rotation, ids, self._record)
+
+    def _record(self, out, k: int) -> dict:
+        return {**_record("timed", self.ids[k], out, self.sets[k], None), "call": self.seen}
+
+    def prepare(self) -> None:
+        if self.blend_at is not None and self.seen == self.blend_at and not self.forced and not self.force:
+            k = (self.rotation.k + 1) % self.rotation.n  # the set the next repetition takes
+            if self.ids[k] >= 0:
+                blend_seed = random.SystemRandom().getrandbits(inputs_mod.BLEND_BITS)
+                inputs_mod.blend(self.sets[k], blend_seed)
+                self.ids[k] = inputs_mod.blended_name(self.ids[k], blend_seed)
+            self.force = True
+        self.poison()
+
+    def observe(self, out) -> None:
+        self.seen += 1
+        if self.force:
+            self.force = False
+            self.forced.append(self._record(out, self.rotation.k))
+        else:
+            self.reservoir.offer(out)
+
+    def kept(self) -> list[dict]:
+        return sorted([rec for _, rec in self.reservoir.kept] + self.forced, key=lambda rec: rec["call"])
+
+
 class _PeakMemory:
     """The second check call's peak device memory above what was allocated when it started (its inputs,
     and everything the harness holds): the allocator's peak statistics, reset after the poison and just
@@ -342,14 +381,12 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
         del out
     if task.timed:
         rotation.pin, rotation.k = None, -1
-        reservoir = _Reservoir(SAMPLES, rotation, seeds,
-                               lambda out, k: _record("timed", seeds[k], out, sets[k], None))
+        sampler = _Sampler(task, protocol, sets, list(seeds), rotation, poison)
         tuners = autotune.autotuners(KERNELS_PACKAGE)
         autotune.forget(tuners)
-        timing = yield from bench.timing_schedule(task.device, protocol, len(sets), observe=reservoir.offer,
-                                                  prepare=poison, graph_call=call)
-        for n, rec in sorted(reservoir.kept, key=lambda kr: kr[0]):
-            calls.append({**rec, "call": n})
+        timing = yield from bench.timing_schedule(task.device, protocol, len(sets), observe=sampler.observe,
+                                                  prepare=sampler.prepare, graph_call=call)
+        calls += sampler.kept()
         payload.update(times_us=timing.times, timer=timing.timer, host_us=timing.host_us,
                        interference=timing.interference, autotuned=autotune.picks(tuners),
                        launches=_launches(task, call), threads=_threads(), input_sets=len(sets))
@@ -420,12 +457,11 @@ def _pair(task: Task, mod) -> dict:
     sets = [inputs(s) for s in seeds]
     poison = _Poison(task.device, [(tuple(v.shape), v.dtype) for v in sets[0].values() if torch.is_tensor(v)])
     roles = {"variant": getattr(mod, task.fn), "over": getattr(mod, task.over_fn)}
-    calls, samples, rotations = {}, {}, {}
+    calls, samples, rotations, ids = {}, {}, {}, list(seeds)
     for role, f in roles.items():
         rotations[role] = rotation = _Rotation(len(sets))
         calls[role] = lambda f=f, rotation=rotation: f(**sets[rotation.next()])
-        samples[role] = _Reservoir(SAMPLES, rotation, seeds,
-                                   lambda out, k: _record("timed", seeds[k], out, sets[k], None))
+        samples[role] = _Sampler(task, protocol, sets, ids, rotation, poison)
         rotation.pin = 0
         poison()
         poison.learn(calls[role]())  # each output's size, for the poison before every timed call
@@ -434,8 +470,8 @@ def _pair(task: Task, mod) -> dict:
     for r in range(PAIR_ROUNDS):
         order = ("variant", "over") if r % 4 in (0, 3) else ("over", "variant")
         times = {role: bench.drive(calls[role], bench.timing_schedule(
-            task.device, protocol, observe=samples[role].offer, prepare=poison, graph_call=calls[role])).times
-            for role in order}
+            task.device, protocol, observe=samples[role].observe, prepare=samples[role].prepare,
+            graph_call=calls[role])).times for role in order}
         rounds.append([times["variant"], times["over"]])
     kept: dict[str, list] = {}
     sets[0] = _refill(sets[0], inputs(task.seed + 3))  # as after a point's timing: new values, the same memory
@@ -444,7 +480,7 @@ def _pair(task: Task, mod) -> dict:
         before = _clone_inputs(sets[0])
         poison()
         out = calls[role]()
-        kept[role] = [{**rec, "call": n} for n, rec in sorted(samples[role].kept, key=lambda kr: kr[0])]
+        kept[role] = samples[role].kept()
         kept[role].append(_record("after", task.seed + 3, out, sets[0], before))
         del out
     return {"status": "ran", "rounds_times_us": rounds, "calls": kept}
@@ -456,39 +492,67 @@ FINGERPRINT = 4096
 
 
 def _fingerprint(result):
+    """A sample of a returned value's elements, in float64 on the host: a plain tensor's, or those of a tuple of
+    plain tensors one after another (a kernel returning two outputs)."""
     import torch
 
-    if type(result) is not torch.Tensor:
+    items = result if type(result) is tuple and result else (result,)
+    if any(type(x) is not torch.Tensor for x in items):
         return {"type": type(result).__name__}
-    flat = torch.Tensor.detach(result).flatten().to("cpu", torch.float64)
+    flat = torch.cat([torch.Tensor.detach(x).flatten().to("cpu", torch.float64) for x in items])
     return {"type": "Tensor", "tensor": flat[:: max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT].clone()}
 
 
+def _copy(x):
+    import torch
+
+    return torch.Tensor.clone(torch.Tensor.detach(x)) if type(x) is torch.Tensor else x
+
+
 def _end_to_end(task: Task, mod) -> dict:
-    """The scenario with this variant, timed, a sample of its timed outputs kept; the variant alone on the
-    arguments the scenario gives it. Raw times; the parent summarises."""
+    """The scenario with this variant, timed on two input sets in turn, a sample of its timed outputs kept, and
+    once more after timing on new values in the first set's own tensors (a scenario answer kept by the inputs'
+    memory is stale there; the parent compares it with the baseline's on the same values). Then the variant
+    alone on the arguments the scenario gave it, a sample of those outputs kept beside the first one. Raw times;
+    the parent summarises and judges."""
     import torch
 
     fn = getattr(mod, task.fn)
     scenario = getattr(mod, task.scenario)
-    g = torch.Generator().manual_seed(task.seed)
-    inputs = getattr(mod, task.scenario_inputs)(task.shape, TORCH_DTYPES[task.dtype], task.device, g)
+    make = getattr(mod, task.scenario_inputs)
+
+    def inputs(seed: int) -> dict:
+        return make(task.shape, TORCH_DTYPES[task.dtype], task.device, torch.Generator().manual_seed(seed))
+
+    sets = [inputs(task.seed), inputs(task.seed + 1)]
     captured: list = []
 
     def capture(*args, **kwargs):
-        if not captured:
-            captured.append((args, kwargs))
-        return fn(*args, **kwargs)
+        if captured:
+            return fn(*args, **kwargs)
+        # The arguments as they are now, kept apart from the scenario (which may write into its buffers later):
+        # timed alone on them, the kernel must return what it returns here.
+        kept = ([_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()})
+        out = fn(*args, **kwargs)
+        captured.append((*kept, _fingerprint(out)))
+        return out
 
-    first = _fingerprint(scenario(capture, **inputs))
+    first = [_fingerprint(scenario(capture, **sets[0])), _fingerprint(scenario(fn, **sets[1]))]
     if not captured:
         return {"status": "failed", "error": "the scenario never called the kernel"}
     protocol = bench.Protocol(**task.protocol)
-    rotation = _Rotation(1)
-    reservoir = _Reservoir(SAMPLES, rotation, [task.seed], lambda out, k: _fingerprint(out))
-    whole = bench.drive(lambda: scenario(fn, **inputs),
-                        bench.timing_schedule(task.device, protocol, observe=reservoir.offer))
-    args, kwargs = captured[0]
-    alone = bench.time_fn(lambda: fn(*args, **kwargs), task.device, protocol)
-    return {"status": "ran", "variant": task.variant, "fingerprints": [first] + [fp for _, fp in reservoir.kept],
+    rotation = _Rotation(len(sets))
+    reservoir = _Reservoir(SAMPLES, rotation, [0, 1], lambda out, k: [k, _fingerprint(out)])
+    whole = bench.drive(lambda: scenario(fn, **sets[rotation.next()]),
+                        bench.timing_schedule(task.device, protocol, len(sets), observe=reservoir.offer))
+    sets[0] = _refill(sets[0], inputs(task.seed + 3))
+    after = _fingerprint(scenario(fn, **sets[0]))
+    args, kwargs, kernel_first = captured[0]
+    alone_samples = _Reservoir(SAMPLES, _Rotation(1), [0], lambda out, k: _fingerprint(out))
+    call = lambda: fn(*args, **kwargs)  # noqa: E731
+    alone = bench.drive(call, bench.timing_schedule(task.device, protocol, observe=alone_samples.offer,
+                                                    graph_call=call))
+    return {"status": "ran", "variant": task.variant, "fingerprints": first,
+            "timed_fingerprints": [fp for _, fp in sorted(reservoir.kept, key=lambda kr: kr[0])],
+            "after_fingerprint": after, "kernel_fingerprints": [kernel_first] + [fp for _, fp in alone_samples.kept],
             "scenario_times_us": whole.times, "kernel_times_us": alone.times}

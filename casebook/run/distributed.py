@@ -8,7 +8,7 @@ runs the single-device path of `child.work` on each task it is sent, and writes 
 slowest rank's timing is the point's. Each task tells the ranks the run's process ids (theirs and the
 launcher's): a rank's reading of the machine counts its siblings' CPU as the run's own, not as other
 processes' (`interference.count_as_own`), so that two ranks on one machine are not a busy machine to each
-other, while any other process still is. A rank that dies or hangs past `RANK_TIMEOUT_S`
+other, while any other process still is. A rank that dies or hangs past `rank_timeout_s()`
 ends the others, and the task is recorded as crashed or timed out, like any variant's.
 """
 
@@ -30,9 +30,12 @@ from pathlib import Path
 
 from casebook.run.transport import decode
 
-RANK_TIMEOUT_S = float(os.environ.get("CASEBOOK_RANK_TIMEOUT_S", "300"))
-"""All ranks of a task must answer within this (under `isolate`'s per-task limit, so the ranks are
-ended here, not orphaned by the measuring child's death)."""
+
+def rank_timeout_s() -> float:
+    """All ranks of a task must answer within this (`CASEBOOK_RANK_TIMEOUT_S`, default 300 s: under `isolate`'s
+    per-task limit, so the ranks are ended here, not orphaned by the measuring child's death). Read when a task
+    runs: the child's environment is set after this module is imported."""
+    return float(os.environ.get("CASEBOOK_RANK_TIMEOUT_S", "300"))
 
 FIXED_REPS = {"cuda": 100, "cpu": 20}
 """Repetitions every rank times: a collective must be called as often on every rank, so the stopping
@@ -71,7 +74,7 @@ def run_ranks(task, timeout_s: float | None = None) -> dict:
         if torch.cuda.device_count() < n:
             return {"status": "skipped", "error": f"the case needs {n} GPUs; this machine has "
                                                   f"{torch.cuda.device_count()}"}
-    timeout_s = RANK_TIMEOUT_S if timeout_s is None else timeout_s
+    timeout_s = rank_timeout_s() if timeout_s is None else timeout_s
     procs, tmp = _ranks(n, task.device)
     outs = [tmp / f"task{_pool['tasks']}-rank{r}.msg" for r in range(n)]
     _pool["tasks"] += 1

@@ -13,6 +13,7 @@ import math
 
 from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
 from casebook.run.check import TORCH_DTYPES, CheckFailed, compare_output
+from casebook.run.inputs import blends
 from casebook.run.transport import Unsent, digest
 from casebook.stats import summarize
 from casebook.tolerance import TOLERANCE
@@ -181,12 +182,14 @@ def point(task, run: dict, oracle: dict | None) -> dict:
 
 
 def missing_calls(task, calls: list, checks: int = 2) -> str | None:
-    """Why a point's kept calls are not the ones the harness keeps (None: they are): two checks, and when timed
-    the sampled repetitions (none under CUDA-graph replay, whose calls are not sampled) and the call after timing.
+    """Why a point's kept calls are not the ones the harness keeps (None: they are): `checks` checks, and when timed
+    the sampled repetitions (none under CUDA-graph replay, whose calls are not sampled), the one after a blend
+    (`inputs.blends`) and the call after timing.
     A child whose sampler was emptied sends its checks alone: its timed calls were never seen."""
     roles = [rec.get("role") if isinstance(rec, dict) else None for rec in calls]
     graph = bool((task.protocol or {}).get("graph")) and task.device == "cuda"
-    want = {"check": checks, "timed": 0 if not task.timed or graph else TIMED_SAMPLES, "after": 1 if task.timed else 0}
+    timed = 0 if not task.timed or graph else TIMED_SAMPLES + (1 if blends(task) else 0)
+    want = {"check": checks, "timed": timed, "after": 1 if task.timed else 0}
     have = {role: roles.count(role) for role in want}
     if have != want or len(roles) != sum(want.values()):
         return (f"the child sent {', '.join(f'{have[r]} {r}' for r in want)} call(s) where the harness keeps "
@@ -307,29 +310,51 @@ def fingerprint_diff(a, b) -> float:
     return num / den if len(a) == len(b) else math.inf
 
 
-def end_to_end(run: dict, dtype: str) -> dict:
-    """The scenario's summary from raw times; its timed outputs (a sample) must agree with its first."""
+def end_to_end(task, run: dict) -> dict:
+    """The scenario's summary from raw times, once its outputs are judged: each sampled timed output against the
+    first output of its input set, each sampled output of the kernel timed alone against the kernel's first output
+    in the scenario (a variant that does no work when timed alone fails here), and the samples the harness keeps
+    all present. The output after timing, on new values, is the baseline's to compare (`levels.end_to_end`)."""
     if run.get("status") != "ran":
         return passthrough(run) or {"status": "crashed", "error": "no answer"}
     if run.get("rebound"):
         return {"status": "failed", "error": TIMER_REBOUND.format(names=", ".join(run["rebound"][:4]))}
     prints = run.get("fingerprints") or []
-    if not prints or any(p.get("type") != "Tensor" or p.get("tensor") is None for p in prints):
-        kind = next((p.get("type") for p in prints if p.get("type") != "Tensor"), "nothing")
+    timed, alone = run.get("timed_fingerprints"), run.get("kernel_fingerprints")
+    graph = bool((task.protocol or {}).get("graph")) and task.device == "cuda"
+    if (len(prints) != 2 or not isinstance(timed, list) or len(timed) != TIMED_SAMPLES
+            or not isinstance(alone, list) or len(alone) != 1 + (0 if graph else TIMED_SAMPLES)):
+        return {"status": "failed", "error": "the child sent other outputs than the scenario's first two, "
+                                             f"{TIMED_SAMPLES} sampled timed ones and the kernel's: outputs of "
+                                             "calls it made were not shown"}
+    every = [*prints, *(t[1] if isinstance(t, list) and len(t) == 2 else {} for t in timed),
+             run.get("after_fingerprint") or {}, *alone]
+    if any(not isinstance(p, dict) or p.get("type") != "Tensor" or p.get("tensor") is None for p in every):
+        kind = next((p.get("type") if isinstance(p, dict) else None for p in every
+                     if not isinstance(p, dict) or p.get("type") != "Tensor"), None) or "nothing"
         return {"status": "failed", "error": f"the scenario returned {kind}, not a plain torch.Tensor"}
-    first = [float(v) for v in prints[0]["tensor"].tolist()]
-    if not all(math.isfinite(v) for v in first):
+    values = [[float(v) for v in p["tensor"].tolist()] for p in every]
+    if not all(math.isfinite(v) for fp in values for v in fp):
         return {"status": "failed", "error": "scenario output has NaN or Inf"}
-    for i, p in enumerate(prints[1:], 1):
-        d = fingerprint_diff(first, [float(v) for v in p["tensor"].tolist()])
-        if not d <= 2 * TOLERANCE[dtype]:
-            return {"status": "failed",
-                    "error": f"a timed scenario call's output (sample {i}) differs from its first by {d:.3g}"}
+    first = values[:2]
+    timed_values = values[2:2 + len(timed)]
+    after, kernel_first, kernel_samples = values[2 + len(timed)], values[3 + len(timed)], values[4 + len(timed):]
+    bound = 2 * TOLERANCE[task.dtype]
+    for i, (t, v) in enumerate(zip(timed, timed_values), 1):
+        k = t[0]
+        if k not in (0, 1) or len(v) != len(first[k]) or not fingerprint_diff(first[k], v) <= bound:
+            return {"status": "failed", "error": f"a timed scenario call's output (sample {i}) differs from the first "
+                                                 f"on its inputs by {fingerprint_diff(first[k % 2], v):.3g}"}
+    for i, v in enumerate(kernel_samples, 1):
+        if len(v) != len(kernel_first) or not fingerprint_diff(kernel_first, v) <= bound:
+            return {"status": "failed", "error": f"the kernel timed alone returned another output (sample {i}) than "
+                                                 "it did in the scenario on the same arguments, by "
+                                                 f"{fingerprint_diff(kernel_first, v):.3g}"}
     for key in ("scenario_times_us", "kernel_times_us"):
         if why := times_problem(run.get(key)):
             return {"status": "failed", "error": f"timing: {why}"}
-    whole, alone = summarize(run["scenario_times_us"]), summarize(run["kernel_times_us"])
+    whole, alone_t = summarize(run["scenario_times_us"]), summarize(run["kernel_times_us"])
     return {"status": "ok", "variant": run.get("variant"), "scenario_us": whole.median_us,
-            "scenario_p10_us": whole.p10_us, "scenario_p90_us": whole.p90_us, "kernel_us": alone.median_us,
-            "kernel_p10_us": alone.p10_us, "kernel_p90_us": alone.p90_us, "fingerprint": first,
-            "timed_outputs_checked": len(prints) - 1}
+            "scenario_p10_us": whole.p10_us, "scenario_p90_us": whole.p90_us, "kernel_us": alone_t.median_us,
+            "kernel_p10_us": alone_t.p10_us, "kernel_p90_us": alone_t.p90_us, "fingerprint": first[0],
+            "after_fingerprint": after, "timed_outputs_checked": len(timed) + len(kernel_samples)}

@@ -16,6 +16,7 @@ import importlib
 from dataclasses import dataclass
 
 from casebook.run.check import TORCH_DTYPES, upcast
+from casebook.run.inputs import make
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def work(task: OracleTask) -> dict:
     if task.seeds:
         reference, make_inputs = getattr(mod, task.reference), getattr(mod, task.inputs)
         for seed in task.seeds:
-            inputs = make_inputs(task.shape, dtype, task.device, torch.Generator().manual_seed(seed))
+            inputs = make(make_inputs, task.shape, dtype, task.device, seed)  # under zero: a blended set
             expected = reference(**upcast(inputs))
             items = list(expected) if isinstance(expected, tuple) else [expected]
             out["expected"][str(seed)] = {"tuple": isinstance(expected, tuple),

@@ -22,6 +22,7 @@ from casebook.run.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
 from casebook.run.check import TORCH_DTYPES
 from casebook.run.child import Task, kept_calls
 from casebook.run.child import work as measure_work
+from casebook.run.inputs import unblended
 from casebook.run.isolate import Worker
 from casebook.run.oracle import work as oracle_work
 from casebook.run.plan import pair_tasks, plan, traffic_task, variant_env
@@ -190,9 +191,18 @@ def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: floa
 
 
 def reference_seeds(task: Task) -> set[int]:
-    """The seeds a point's calls may name (`child._point`): two checks, the contents after timing, and
-    the further input sets of a cold graph. A record naming another gets no reference, and fails."""
+    """The seeds a point's calls may name (`child._point`): two checks, the contents after timing, and the
+    further input sets of a cold graph; and either of the first two blended during timing (`names_reference`)."""
     return {task.seed, task.seed + 1, task.seed + 3} | {task.seed + 10 + j for j in range(MAX_INPUT_SETS)}
+
+
+def names_reference(task: Task, name) -> bool:
+    """Whether a kept call's set may be asked of the reference: a seed of `reference_seeds`, or one of the two
+    timed sets blended (`inputs.unblended`). A record naming another gets no reference, and fails."""
+    if not isinstance(name, int) or isinstance(name, bool):
+        return False
+    seed, blend_seed = unblended(name)
+    return seed in reference_seeds(task) if blend_seed is None else seed in (task.seed, task.seed + 1)
 
 
 def call_bytes(answers: dict, dtype: str) -> int:
@@ -277,13 +287,16 @@ def _pair(task: Task, variant: Worker, answers: Answers, timeout_s: float) -> di
     asked for once a run), room lent for both."""
     fixed = answers.get(task, fixed_seeds(task))
     room = 2 * kept_calls(True) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
-    return judge.pair(task, variant.request(task, timeout_s, room=room), fixed)
+    raw = variant.request(task, timeout_s, room=room)
+    kept = raw.get("calls") if raw.get("status") == "ran" and isinstance(raw.get("calls"), dict) else {}
+    recs = [r for c in kept.values() if isinstance(c, list) for r in c]
+    return judge.pair(task, raw, _reference(task, recs, fixed, answers)[0] if fixed.get("status") == "ok" else fixed)
 
 
 def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> dict:
     """The scenario timed with the variant (level 3), judged, with what it cost."""
     raw = variant.request(task, timeout_s)
-    return {**judge.end_to_end(raw, task.dtype), "harness": {
+    return {**judge.end_to_end(task, raw), "harness": {
         "wall_s": time.perf_counter() - t0,
         "timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
 
@@ -304,14 +317,8 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     reference = None
     if raw.get("status") == "ran":
         recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
-        seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict)} & reference_seeds(task))
-        have = fixed.get("expected") or {} if fixed.get("status") == "ok" else {}
-        more = [s for s in seeds if not isinstance(have.get(str(s)), dict)]  # a cold graph's further input sets
-        reference = answers.get(task, more) if more else {**fixed, "expected": {}}
-        oracle_s += answers.last_s if more else 0.0
-        if reference.get("status") == "ok":  # the answers already here are not asked for (nor held) twice
-            reference = {**reference, "expected": {**have, **reference["expected"]},
-                         "traffic": reference.get("traffic") or fixed.get("traffic") or {}}
+        reference, asked_s = _reference(task, recs, fixed, answers)
+        oracle_s += asked_s
     del fixed
     t1 = time.perf_counter()
     payload = judge.point(task, raw, reference)
@@ -325,6 +332,20 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     payload["harness"] = {"wall_s": t2 - t0, "timed_s": timed_s, "oracle_s": oracle_s, "transport_s": transport_s,
                           "judge_s": t2 - t1, "crossing": crossing}
     return payload
+
+
+def _reference(task: Task, recs: list, fixed: dict, answers: Answers) -> tuple[dict, float]:
+    """The reference's answers for every seed the kept records name (`reference_seeds`): those asked for before
+    the call (`fixed`), and the rest (a blended set, a cold graph's further input sets) asked for now; with the
+    seconds the asking took."""
+    seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict) and names_reference(task, r.get("seed"))})
+    have = (fixed.get("expected") or {}) if fixed.get("status") == "ok" else {}
+    more = [s for s in seeds if not isinstance(have.get(str(s)), dict)]
+    reference = answers.get(task, more) if more else {**fixed, "expected": {}}
+    if reference.get("status") == "ok":  # the answers already here are not asked for (nor held) twice
+        reference = {**reference, "expected": {**have, **reference["expected"]},
+                     "traffic": reference.get("traffic") or fixed.get("traffic") or {}}
+    return reference, answers.last_s if more else 0.0
 
 
 def _timed_s(*runs) -> float:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from casebook.run.child import Task, work
-from casebook.run.distributed import LINK_MESSAGE_BYTES, RANK_TIMEOUT_S, lockstep, run_ranks, shutdown
+from casebook.run.distributed import LINK_MESSAGE_BYTES, lockstep, rank_timeout_s, run_ranks, shutdown
 from casebook.run.interference import count_as_own
 from casebook.run.transport import encode
 
@@ -82,7 +82,7 @@ def main(rank: int, world: int, port: int, device: str) -> None:
         torch.cuda.set_device(rank)
     os.environ.setdefault("CASEBOOK_CPU_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world, timeout=dt.timedelta(seconds=RANK_TIMEOUT_S))
+                            rank=rank, world_size=world, timeout=dt.timedelta(seconds=rank_timeout_s()))
     while True:
         try:
             task, out, run = pickle.load(sys.stdin.buffer)

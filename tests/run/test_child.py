@@ -145,6 +145,29 @@ def test_a_variant_that_cheats_only_in_the_paired_timing_fails_it():
     assert paired["error"].startswith("cheats_in_pair in the paired timing, "), paired["error"]
 
 
+def test_a_variant_that_does_no_work_when_timed_alone_fails_level_three():
+    """Honest in the scenario, a zeros tensor when timed alone on the scenario's arguments (the kernel time that
+    sets level 3's kernel speedup and Amdahl's bound): its sampled outputs there are compared with its output in
+    the scenario on the same arguments."""
+    scenario = Task(kind="end_to_end", module="cheats", variant="cheats_in_scenario", fn="cheats_in_scenario",
+                    shape={"rows": 8, "cols": 50}, dtype="fp32", level="end_to_end", device="cpu", timed=True,
+                    seed=SEED, protocol=FAST, scenario="scenario", scenario_inputs="scenario_inputs")
+    [p] = execute([scenario], timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
+    assert p["status"] == "failed" and "the kernel timed alone returned another output" in p["error"], p
+
+
+def test_an_answer_kept_by_the_inputs_memory_and_a_value_fails_the_blended_repetition():
+    """Each timing blends one input set at random places before a random repetition and keeps that repetition's
+    output: a lookup keyed by the memory and one value misses the change (unless a blended place is its value:
+    about 1% a point) and returns the old answer. Three points: all three escape about once in a million."""
+    points = [task("memo_by_address", seed=SEED + 100 * i) for i in range(3)]
+    out = execute(points, timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
+    failed = [p for p in out if p["status"] == "failed"]
+    assert failed, out
+    assert all(p["status"] in ("failed", "ok") for p in out), out
+    assert any("timed call" in p["error"] and "relative error" in p["error"] for p in failed), failed
+
+
 def test_end_to_end(payloads):
     p = payloads[-1]
     assert p["status"] == "ok", p
