@@ -76,7 +76,9 @@ class Task:
 
 def _identities() -> dict[str, int]:
     """id() of what the harness in this process relies on: the clocks, the device's events and sync, the
-    tensor methods that copy outputs out, and every function of casebook's modules loaded here."""
+    tensor methods that copy outputs out, and every function of casebook's modules loaded here, with its code
+    object (a function whose `__code__` is replaced keeps its own id), and every method of their classes (a
+    class attribute replaced leaves the module's names as they were)."""
     import time
 
     import torch
@@ -91,8 +93,20 @@ def _identities() -> dict[str, int]:
         found.update({f"{label}.{n}": id(getattr(owner, n, None)) for n in names})
     for name, mod in list(sys.modules.items()):
         if name.startswith("casebook.") and not name.startswith(KERNELS_PACKAGE + "."):
-            found.update({f"{name}.{k}": id(v) for k, v in vars(mod).items() if callable(v)})
+            for k, v in list(vars(mod).items()):
+                if callable(v):
+                    found.update(_ids(f"{name}.{k}", v))
+                if isinstance(v, type) and v.__module__ == name:
+                    for a, w in list(vars(v).items()):
+                        if callable(w) or isinstance(w, (classmethod, staticmethod, property)):
+                            found.update(_ids(f"{name}.{k}.{a}", w))
     return found
+
+
+def _ids(label: str, v) -> dict[str, int]:
+    """A callable's id, and its code object's where it has one (through a classmethod's or staticmethod's)."""
+    code = getattr(getattr(v, "__func__", v), "__code__", None)
+    return {label: id(v), **({f"{label}.__code__": id(code)} if code is not None else {})}
 
 
 def _bound_allocator():
@@ -106,8 +120,6 @@ def _bound_allocator():
 
 _cuda_synchronize, _reset_peak, _allocated, _max_allocated = _bound_allocator()
 
-_HARNESS = _identities()
-"""Taken when this module is imported: in the child, before any kernel module."""
 
 
 def rebound() -> list[str]:
@@ -556,3 +568,8 @@ def _end_to_end(task: Task, mod) -> dict:
             "timed_fingerprints": [fp for _, fp in sorted(reservoir.kept, key=lambda kr: kr[0])],
             "after_fingerprint": after, "kernel_fingerprints": [kernel_first] + [fp for _, fp in alone_samples.kept],
             "scenario_times_us": whole.times, "kernel_times_us": alone.times}
+
+
+_HARNESS = _identities()
+"""Taken when this module has been imported (the last of its lines, so that every function and class of it is
+in): in the child, before any kernel module."""

@@ -222,3 +222,20 @@ def test_a_point_under_the_floor_of_busy_ceilings_is_unstable_not_failed():
     busy = place_point(replace(task("honest"), roofs={**roofs, "busy": True}), run, traffic)
     assert busy["status"] == "ok" and busy["median_us"] == 10.0 and "regime" not in busy
     assert "ceilings measured on a busy machine" in busy["unstable"][0]
+
+
+def test_a_replaced_method_or_code_object_of_the_harness_is_rebound():
+    """Rebinding a module's name is not the only way to bend the harness in its own process: a class attribute
+    replaced, or a function's code swapped under its own identity. Both are recorded (`child.rebound`)."""
+    from casebook.run import child, judge
+
+    offer, code = child._Reservoir.offer, judge.times_problem.__code__
+    try:
+        child._Reservoir.offer = lambda self, out: None
+        judge.times_problem.__code__ = (lambda times: None).__code__
+        names = child.rebound()
+    finally:
+        child._Reservoir.offer, judge.times_problem.__code__ = offer, code
+    assert "casebook.run.child._Reservoir.offer" in names
+    assert "casebook.run.judge.times_problem.__code__" in names
+    assert child.rebound() == []
