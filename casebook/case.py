@@ -439,10 +439,15 @@ def consistency_problems(case: Any) -> list[str]:
                                 "device")
     need_variant(lv.end_to_end.baseline, "levels.end_to_end.baseline")
     need_variant(lv.end_to_end.variant, "levels.end_to_end.variant")
+    controls = {v.name for v in case.kernel.variants if v.reference}
     for i, c in enumerate(case.claims):
         need_variant(c.variant, f"claims.{i}.variant")
         if getattr(c, "kind", None) == "speedup":
             need_variant(c.over, f"claims.{i}.over")
+            if c.variant in controls:  # faster by doing less: a control is what a variant is measured against
+                problems.append(f"claims.{i}.variant: {c.variant!r} is a control (it computes something else, "
+                                "checked against its own reference); a speedup claim's variant computes the case's "
+                                "function, and a control may be only what it is measured `over`")
         if getattr(c, "kind", None) == "peak_memory" and c.of != "inputs":
             need_variant(c.of, f"claims.{i}.of")
     return problems

@@ -106,6 +106,32 @@ def test_fresh_result_becomes_stale_when_the_case_changes(tmp_path: Path):
     assert all(r.stale for r in load_book(cases, results).get("softmax_fusion").results)
 
 
+def test_a_stale_result_shows_the_claims_its_points_give_not_the_verdicts_it_carries(tmp_path: Path):
+    """A stale result is not checked against its case (`check` warns of it), so a verdict forged into one would
+    reach the claims page as it is: the site judges every result's claims from its points, stale or not."""
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases, fresh=False)
+    path = results / "nvidia-h200" / "softmax_fusion.json"
+    doc = json.loads(path.read_text())
+    honest = {c.text: c.held for c in load_book(cases, results).get("softmax_fusion").results[0].result.claims}
+    assert False in honest.values(), "the fixture has a claim its points miss: the forgery flips it"
+    doc["claims"] = [{**c, "held": True, "detail": "forged"} for c in doc["claims"]]
+    path.write_text(json.dumps(doc))
+    stored = load_book(cases, results).get("softmax_fusion").results[0]
+    assert stored.stale
+    assert {c.text: c.held for c in stored.result.claims} == honest
+    assert not any(c.detail == "forged" for c in stored.result.claims)
+
+
+def test_a_cpu_result_says_its_variants_were_never_checked_at_the_gpu_shapes(tmp_path: Path):
+    """A variant wrong only at the large shapes passes a CPU run: the page says what a CPU result did not check."""
+    cases = copy_cases(tmp_path / "cases")
+    book = load_book(cases, copy_results(tmp_path / "results", cases))
+    md = site.plan(book).pages["cases/softmax_fusion.md"]
+    said = "A CPU runs the case's small CPU shapes: no variant was run, nor checked, at the level-1 shapes above there."
+    assert md.count(said) == sum(r.result.hardware.kind == "cpu" for r in book.get("softmax_fusion").results) >= 1
+
+
 def test_result_for_an_unknown_case_is_a_warning_and_a_broken_result_an_error(tmp_path: Path):
     cases = copy_cases(tmp_path / "cases")
     results = copy_results(tmp_path / "results", cases)

@@ -49,7 +49,7 @@ def test_undefined_function(make_case, line_of, old, new, field):
 
 def test_undefined_control_reference(make_case, line_of):
     path = make_case({"      fn: triton_online\n": "      fn: triton_online\n      reference: reference_rowz\n"})
-    [problem] = problems(path)
+    [problem] = [p for p in problems(path) if ".reference: " in p]  # (its claims, now a control's, are refused too)
     assert problem.startswith(f"{path}:{line_of(path, 'reference: reference_rowz')}: kernel.variants.4.reference: "
                               "'reference_rowz' is not defined at the top level")
 
@@ -58,6 +58,14 @@ def test_baseline_cannot_be_a_control(make_case, line_of):
     path = make_case({"      fn: torch_softmax\n": "      fn: torch_softmax\n      reference: reference\n"})
     [problem] = problems(path)
     assert "baseline: 'torch_softmax' is a control with its own reference" in problem
+
+
+def test_a_speedup_claim_cannot_credit_a_control(make_case, line_of):
+    """A control is faster by computing something else: it may be what a variant is measured over, never the
+    variant a speedup is claimed for."""
+    path = make_case({"      fn: triton_online\n": "      fn: triton_online\n      reference: reference\n"})
+    found = problems(path)
+    assert any(": claims." in p and ".variant: 'triton_online' is a control" in p for p in found), found
 
 
 def book_with_kernel(tmp_path: Path, source: str) -> None:

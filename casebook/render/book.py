@@ -135,9 +135,10 @@ def _attach(book: Book, path: Path) -> None:
     forged = evidence.problems(path)
     if forged:  # the page would show numbers the file cannot back
         raise BookError(f"{path}: not evidence: {forged[0]}")
-    if not stale:  # the case's own claims, judged from the stored points, whatever the file says of them
-        result = result.model_copy(update={"claims": [ClaimOutcome.model_validate(c)
-                                                      for c in evidence.judged(entry.case, result.model_dump())]})
+    # The case's own claims, judged from the stored points, whatever the file says of them: a stale result's too
+    # (its verdicts were never checked against its points, and its page says it is stale).
+    result = result.model_copy(update={"claims": [ClaimOutcome.model_validate(c)
+                                                  for c in evidence.judged(entry.case, result.model_dump())]})
     stored = StoredResult(result, path, stale)
     entry.results.append(stored)
 
