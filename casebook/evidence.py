@@ -15,8 +15,11 @@ import math
 import re
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from casebook import stability
 from casebook.claims import evaluate, pair_key
+from casebook.result import Result
 from casebook.results import ResultError, load
 from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
 
@@ -203,24 +206,34 @@ def claims_problems(case, doc: dict) -> list[str]:
     return out
 
 
-def problems(path: Path, case=None) -> list[str]:
-    """Why the result file at `path` is not evidence for `case` (empty: every check passed)."""
-    from pydantic import ValidationError
-
+def read(path: Path) -> tuple[Result | None, str | None]:
+    """The result file at `path` read once, for every check of it (`problems`) and whatever shows it: (the result,
+    None), or (None, why it is no result: too large, unreadable, invalid)."""
     path = Path(path)
     try:
         size = path.stat().st_size
     except OSError as e:
-        return [f"cannot be read ({e.strerror})"]
+        return None, f"cannot be read ({e.strerror})"
     if size > MAX_BYTES:
-        return [f"is {size / 2**20:.0f} MiB, over the {MAX_BYTES // 2**20} MiB a result may be"]
+        return None, f"is {size / 2**20:.0f} MiB, over the {MAX_BYTES // 2**20} MiB a result may be"
     try:
-        doc = load(path).model_dump()
+        return load(path), None
     except ValidationError as e:  # the first field at fault, by its place in the document
         first = e.errors()[0]
-        return [f"is not a valid result: {'.'.join(map(str, first['loc']))}: {first['msg']}"]
+        return None, f"is not a valid result: {'.'.join(map(str, first['loc']))}: {first['msg']}"
     except (ResultError, ValueError) as e:
-        return [f"is not a valid result: {str(e).splitlines()[0]}"]
+        return None, f"is not a valid result: {str(e).splitlines()[0]}"
+
+
+def problems(path: Path, case=None, result: Result | None = None) -> list[str]:
+    """Why the result file at `path` is not evidence for `case` (empty: every check passed). `result`: the file
+    as `read` gave it, where the caller has read it already."""
+    path = Path(path)
+    if result is None:
+        result, why = read(path)
+        if result is None:
+            return [why]
+    doc = result.model_dump()
     hw = doc.get("hardware") or {}
     slug = hw.get("slug")
     if not isinstance(slug, str) or not SLUG.fullmatch(slug):

@@ -407,16 +407,15 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
         if why:
             errors.append(CaseError(path, 1, "results", f"{shown} {why}"))
             continue
-        try:
-            doc = results.load(result)
-        except (OSError, ValueError) as e:  # ResultError and pydantic's ValidationError are ValueErrors
-            errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({str(e).splitlines()[0]})"))
+        doc, unread = evidence.read(result)
+        if doc is None:
+            errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({unread})"))
             continue
         reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
         errors += [CaseError(path, lines.line(("kernel", "module")) if "kernel module" in why else 1, "results",
                              f"{shown} is stale: {why}; run it again") for why in reasons]
         errors += [CaseError(path, 1, "results", f"{shown} is not evidence: {why}")
-                   for why in evidence.problems(result, None if reasons else case)]
+                   for why in evidence.problems(result, None if reasons else case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
         errors += [CaseError(path, 1, "results", why, warning=True) for why in ceilings_disagree(result, doc, root)]
@@ -451,9 +450,8 @@ def ceilings_disagree(result: Path, doc: Result, root: Path) -> list[str]:
     for other in sorted(result.parent.glob("*.json")):
         if other == result:
             continue
-        try:
-            theirs = results.load(other).hardware.measured.model_dump()
-        except (OSError, ValueError):
+        theirs = _ceilings_of(other, other.stat().st_mtime_ns)
+        if theirs is None:
             continue  # reported when its own case is checked
         apart = ceilings_apart(mine, theirs)
         if apart:
@@ -462,6 +460,16 @@ def ceilings_disagree(result: Path, doc: Result, root: Path) -> list[str]:
                        f"{CEILINGS_APART:.0%} ({'; '.join(apart)}): two hosts of one model, or a disturbed run; the "
                        "site shows each on its own ceilings, as two machines")
     return out
+
+
+@functools.cache
+def _ceilings_of(path: Path, mtime_ns: int) -> dict | None:
+    """A stored result's measured ceilings, read once a check (each case's check compares its results with every
+    other of their machine); None where it does not load."""
+    try:
+        return results.load(path).hardware.measured.model_dump()
+    except (OSError, ValueError):
+        return None
 
 
 def unpublishable(case: Case, doc: Result) -> list[str]:

@@ -10,7 +10,6 @@ from casebook.case import Case
 from casebook.load import load_case
 from casebook.paths import refusal
 from casebook.result import ClaimOutcome, Result
-from casebook.results import load as load_result
 from casebook.roofline import ceilings_apart
 
 
@@ -123,16 +122,15 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
 
 
 def _attach(book: Book, path: Path) -> None:
-    try:
-        result = load_result(path)
-    except Exception as err:  # ResultError names the file; a ValidationError does not
-        raise BookError(f"{path}: not a valid result: {err}") from err
+    result, unread = evidence.read(path)  # read once: what is checked is what is shown
+    if result is None:
+        raise BookError(f"{path}: not a valid result: {unread}")
     entry = book.get(result.case_id)
     if entry is None or result.case_id != path.stem:
         book.warnings.append(f"{path}: result for case {result.case_id!r}, which is not in the book; skipped")
         return
     stale = stale_reasons(entry, result)
-    forged = evidence.problems(path)
+    forged = evidence.problems(path, result=result)
     if forged:  # the page would show numbers the file cannot back
         raise BookError(f"{path}: not evidence: {forged[0]}")
     # The case's own claims, judged from the stored points, whatever the file says of them: a stale result's too
