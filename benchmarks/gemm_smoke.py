@@ -12,7 +12,8 @@ import torch
 import triton
 import yaml
 
-from casebook.run.check import TORCH_DTYPES, check
+from casebook.run.check import TORCH_DTYPES
+from casebook.run.inprocess import check
 
 SKIP = {"torch_compile"}
 for case_id in sys.argv[1:] or ["gemm_epilogue", "gemm_grouped", "gemm_tiled"]:

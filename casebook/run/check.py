@@ -1,16 +1,11 @@
 """Correctness: an output against the float64 reference, normwise and row by row, per dtype.
 
 `compare_output` is the judgement itself, pure arithmetic on tensors: the parent of `casebook run` applies it
-to the outputs a variant's child sent back (`casebook.run.judge`), never in the child. `check` runs a variant
-in this process on fresh inputs and judges it the same way: for the kernel tests, which import the kernel
-module anyway.
+to the outputs a variant's child sent back (`casebook.run.judge`), never in the child; the kernel tests reach
+it the same way (`casebook.run.inprocess`).
 """
 
 from __future__ import annotations
-
-import contextlib
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -29,38 +24,10 @@ class CheckFailed(AssertionError):
     """A variant computed the wrong thing, or cheated."""
 
 
-@dataclass(frozen=True)
-class Check:
-    correct: bool
-    max_rel_err: float
-    seeds: list[int]
-    error: str | None = None
-
-
 def upcast(inputs: dict) -> dict:
     """Float tensors to float64 on their own device (a GPU's fp64 is fast); other values unchanged."""
     return {k: v.detach().to(torch.float64) if torch.is_tensor(v) and v.is_floating_point() else v
             for k, v in inputs.items()}
-
-
-def _poison_allocator(shape: tuple, dtype: torch.dtype, device: str) -> None:
-    """Leave a NaN-filled block of the output's size as the allocator's next free one: unwritten elements show."""
-    if dtype.is_floating_point:
-        torch.full(shape, float("nan"), dtype=dtype, device=device)  # freed at once, its block left NaN
-
-
-@contextlib.contextmanager
-def _fill_new_memory_with_nan(device: str):
-    """On a CPU, NaN-fill every tensor allocated during the call (torch's deterministic mode does that): the C
-    allocator returns large freed blocks to the OS, so the poison block alone misses unwritten outputs there."""
-    if device != "cpu" or torch.are_deterministic_algorithms_enabled():
-        yield
-        return
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 ROW_MIN = 32
@@ -143,86 +110,3 @@ def compare_output(out, expected: torch.Tensor, dtype: str, tolerance: float | N
         raise CheckFailed(f"worst row off by {row:.3g} of its norm, over the row tolerance {row_tol:.3g} "
                           "(a row unwritten, or every value scaled)")
     return err, row
-
-
-def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor],
-          make_inputs: Callable[..., dict], shape: dict, dtype: str, device: str, seeds: list[int],
-          tolerance: float | None = None) -> Check:
-    """Run `fn` on fresh random inputs per seed and compare with the float64 reference."""
-    worst = 0.0
-    for seed in seeds:
-        g = torch.Generator().manual_seed(seed)
-        inputs = make_inputs(shape, TORCH_DTYPES[dtype], device, g)
-        expected = reference(**upcast(inputs))
-        before = {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
-        for e in _outputs(expected):
-            _poison_allocator(tuple(e.shape), TORCH_DTYPES[dtype], device)
-        try:
-            with _fill_new_memory_with_nan(device):
-                out = fn(**inputs)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            err = _compare_all(out, expected, inputs, before, dtype, device, tolerance)
-        except NotImplementedError:
-            raise
-        except CheckFailed as e:
-            return Check(False, max(worst, _normwise(out, expected)), seeds, f"seed {seed}: {e}")
-        worst = max(worst, err)
-    return Check(True, worst, seeds)
-
-
-def _normwise(out, expected) -> float:
-    """The normwise error of a failed output, where it has one (0 where it is not an answer at all)."""
-    try:
-        got, e = out.detach().to(torch.float64), expected.to(out.device, torch.float64)
-        n = torch.linalg.vector_norm(e).item()
-        d = torch.linalg.vector_norm(got - e).item()
-        return d / n if n else d
-    except Exception:
-        return 0.0
-
-
-def _outputs(expected) -> tuple:
-    """The reference's outputs: one tensor, or a tuple of them (a fused kernel that writes two tensors)."""
-    return tuple(expected) if isinstance(expected, tuple) else (expected,)
-
-
-def _compare_all(out, expected, inputs: dict, before: dict, dtype: str, device: str,
-                 tolerance: float | None = None) -> float:
-    """Where the reference returns a tuple, the variant returns a tuple of as many tensors, each checked as
-    a single output is, and must not alias another; the error is the worst output's."""
-    if not isinstance(expected, tuple):
-        return _compare(out, expected, inputs, before, dtype, device, tolerance)
-    if type(out) is not tuple or len(out) != len(expected):
-        raise CheckFailed(f"returned {type(out).__name__}, not a tuple of {len(expected)} tensors as the reference")
-    errs = []
-    for i, (o, e) in enumerate(zip(out, expected)):
-        for j in range(i):
-            if (type(o) is torch.Tensor and type(out[j]) is torch.Tensor and o.numel() and out[j].numel()
-                    and _overlaps(o, out[j])):
-                raise CheckFailed(f"outputs {j} and {i} alias each other")
-        try:
-            errs.append(_compare(o, e, inputs, before, dtype, device, tolerance))
-        except CheckFailed as err:
-            raise CheckFailed(f"output {i}: {err}") from None
-    return max(errs)
-
-
-def _compare(out, expected: torch.Tensor, inputs: dict, before: dict, dtype: str, device: str,
-             tolerance: float | None = None) -> float:
-    if type(out) is not torch.Tensor:
-        raise CheckFailed(f"returned {type(out).__name__}, not a plain torch.Tensor")
-    if out.device.type != device:
-        raise CheckFailed(f"output on {out.device}, expected {device}")
-    for k, v in before.items():
-        if not torch.equal(inputs[k], v):
-            raise CheckFailed(f"input {k!r} was modified")
-        if out.numel() and inputs[k].numel() and _overlaps(out, inputs[k]):
-            raise CheckFailed(f"output aliases input {k!r}")
-    return compare_output(out, expected, dtype, tolerance)[0]
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    a0, b0 = sa.data_ptr(), sb.data_ptr()
-    return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()

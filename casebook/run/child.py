@@ -216,7 +216,7 @@ def _overlaps(a, b) -> bool:
     return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
 
 
-def _record(role: str, seed: int, out, inputs: dict, before: dict | None) -> dict:
+def record(role: str, seed: int, out, inputs: dict, before: dict | None) -> dict:
     """What the parent needs to judge one call: each output (copied now) and facts about memory."""
     import torch
 
@@ -263,10 +263,10 @@ class _Sampler:
         self.sets, self.ids, self.rotation, self.poison = sets, ids, rotation, poison
         self.seen, self.force, self.forced = 0, False, []
         self.blend_at = (random.SystemRandom().randrange(1, protocol.min_reps) if inputs_mod.blends(task) else None)
-        self.reservoir = _Reservoir(SAMPLES, rotation, ids, self._record)
+        self.reservoir = _Reservoir(SAMPLES, rotation, ids, self._timed)
 
-    def _record(self, out, k: int) -> dict:
-        return {**_record("timed", self.ids[k], out, self.sets[k], None), "call": self.seen}
+    def _timed(self, out, k: int) -> dict:
+        return {**record("timed", self.ids[k], out, self.sets[k], None), "call": self.seen}
 
     def prepare(self) -> None:
         if self.blend_at is not None and self.seen == self.blend_at and not self.forced and not self.force:
@@ -282,7 +282,7 @@ class _Sampler:
         self.seen += 1
         if self.force:
             self.force = False
-            self.forced.append(self._record(out, self.rotation.k))
+            self.forced.append(self._timed(out, self.rotation.k))
         else:
             self.reservoir.offer(out)
 
@@ -318,7 +318,7 @@ def _nbytes(inputs: dict) -> int:
     return sum(v.numel() * v.element_size() for v in inputs.values() if torch.is_tensor(v))
 
 
-def _clone_inputs(inputs: dict) -> dict:
+def clone_inputs(inputs: dict) -> dict:
     import torch
 
     return {k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}
@@ -381,7 +381,7 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
     memory = _PeakMemory(task.device, poison)
     for j in (0, 1):  # two calls on fresh inputs; the first one pays JIT, autotuning or compilation
         rotation.pin = j
-        before = _clone_inputs(sets[j])
+        before = clone_inputs(sets[j])
         step = bench.Step(prepare=memory if j == 1 else poison, sync=task.device)
         out = yield step
         if j == 0:
@@ -389,7 +389,7 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
         else:
             payload.update(memory.read(), input_bytes=_nbytes(sets[j]))
         poison.learn(out)
-        calls.append(_record("check", seeds[j], out, sets[j], before))
+        calls.append(record("check", seeds[j], out, sets[j], before))
         del out
     if task.timed:
         rotation.pin, rotation.k = None, -1
@@ -406,9 +406,9 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
         # (or a variant that stops working once it has answered) returns a stale answer here.
         sets[0] = _refill(sets[0], inputs(task.seed + 3))
         rotation.pin = 0
-        before = _clone_inputs(sets[0])
+        before = clone_inputs(sets[0])
         out = yield bench.Step(prepare=poison, sync=task.device)
-        calls.append(_record("after", task.seed + 3, out, sets[0], before))
+        calls.append(record("after", task.seed + 3, out, sets[0], before))
         del out
         if task.device == "cuda":  # once per point, after its timing: the clocks it ended at, who else was there
 
@@ -489,11 +489,11 @@ def _pair(task: Task, mod) -> dict:
     sets[0] = _refill(sets[0], inputs(task.seed + 3))  # as after a point's timing: new values, the same memory
     for role in roles:
         rotations[role].pin = 0
-        before = _clone_inputs(sets[0])
+        before = clone_inputs(sets[0])
         poison()
         out = calls[role]()
         kept[role] = samples[role].kept()
-        kept[role].append(_record("after", task.seed + 3, out, sets[0], before))
+        kept[role].append(record("after", task.seed + 3, out, sets[0], before))
         del out
     return {"status": "ran", "rounds_times_us": rounds, "calls": kept}
 

@@ -1,5 +1,5 @@
 """What the attention family's interpreter tests share: a case's CPU-checkable rungs, the rung x shape x dtype
-matrix, and one rung checked through casebook.run.check as `casebook run` checks it."""
+matrix, and one rung checked through casebook.run.inprocess as `casebook run` checks it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from casebook.run.check import check
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

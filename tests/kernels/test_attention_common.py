@@ -2,7 +2,7 @@
 the split count, and the Triton kernels (through the interpreter) at the shapes issue 25 names: sequence lengths
 not a multiple of the tile, seq_q != seq_kv, causal with seq_q < seq_kv (queries at the end of the context),
 GQA groups of 1, 4 and 8, head dims 64 and 128, a context of 1. The per-case tests run each case's rungs
-through casebook.run.check."""
+through casebook.run.inprocess."""
 
 from __future__ import annotations
 

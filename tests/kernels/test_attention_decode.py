@@ -1,4 +1,4 @@
-"""attention_decode: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through
+"""attention_decode: every CPU-checkable rung judged as `casebook run` judges it (Triton through
 the interpreter) at GQA groups 1, 4 and 8, draft tokens, ragged contexts and a context of 1; the traffic model
 and the declared intensity; the level-3 decode step."""
 

@@ -1,4 +1,4 @@
-"""attention_paged: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through the
+"""attention_paged: every CPU-checkable rung judged as `casebook run` judges it (Triton through the
 interpreter) with pages in random order, a last page partly filled, sequences of one page and shorter, pages
 smaller and larger than the interpreter's 16-key tile; the pool and block table themselves; padding never read;
 sequences of different lengths; the traffic model and the declared intensity; the level-3 step."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from casebook.run.check import check
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled Triton)")

@@ -1,4 +1,4 @@
-"""attention_prefill: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through
+"""attention_prefill: every CPU-checkable rung judged as `casebook run` judges it (Triton through
 the interpreter) in both dtypes the case lists, at ragged, GQA and seq_q < seq_kv shapes; the traffic model
 and the case's declared intensity; the GPU-only rungs' reasons; the level-3 attention block."""
 

@@ -1,4 +1,4 @@
-"""attention_prefix: every CPU-checkable rung through casebook.run.check as `casebook run` checks it (Triton through the
+"""attention_prefix: every CPU-checkable rung judged as `casebook run` judges it (Triton through the
 interpreter) with a prefix of whole pages and a tail, a prefix shorter than a page, a suffix of one token, row tiles
 that do not divide the requests; the log-sum-exp merge against float64 at extreme scores and with one side all
 -inf; the shared pages stored once; the prefix pass's split count; the traffic model and the level-3 step."""

@@ -1,5 +1,5 @@
 """cross_entropy: every CPU-checkable variant against the float64 gradient at awkward vocabularies (Triton
-and Liger through the interpreter), through casebook.run.check as `casebook run` checks them; the Triton
+and Liger through the interpreter), through casebook.run.inprocess as `casebook run` checks them; the Triton
 launchers' loss against the float64 loss; rows that are ignored, rows whose target is the row's maximum,
 rows of -inf but one; label smoothing; the level-3 scenario; the traffic model.
 
@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from casebook.kernels import cross_entropy as mod
-from casebook.run.check import TORCH_DTYPES, check, upcast
+from casebook.run.check import TORCH_DTYPES, upcast
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

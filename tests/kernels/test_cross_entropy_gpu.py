@@ -29,7 +29,7 @@ def mod():
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("fn", ["triton_split", "triton_two_sweep", "liger"])
 def test_variant_matches_reference(mod, fn, rows, vocab, dtype):
-    from casebook.run.check import check
+    from casebook.run.inprocess import check
     from casebook.tolerance import TOLERANCE
     if fn == "liger":
         pytest.importorskip("liger_kernel", reason="liger-kernel is the `peers` extra")

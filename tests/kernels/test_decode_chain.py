@@ -1,5 +1,5 @@
 """decode_chain: every CPU-checkable variant against the float64 chain (Triton through the interpreter), through
-casebook.run.check as `casebook run` checks them, at the hidden sizes the issue names (1000 and 4096) and awkward
+casebook.run.inprocess as `casebook run` checks them, at the hidden sizes the issue names (1000 and 4096) and awkward
 ones; the persistent kernel's barrier epochs; the traffic model; the level-3 step.
 
 Shapes: batch 1, odd (3) and the largest tile (64); hidden 1, 7, 100, 129 (just past a power of two),
@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from casebook.kernels import decode_chain as mod
-from casebook.run.check import check
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """layernorm: every CPU-checkable variant of the forward and backward cases against float64 (autograd for
-the gradients) at awkward shapes, through casebook.run.check as `casebook run` checks them (the Triton variants
+the gradients) at awkward shapes, through casebook.run.inprocess as `casebook run` checks them (the Triton variants
 through the interpreter); each path of triton_long; the variance at large means; the dw, db reductions.
 
 Shapes: rows 1, 7 and 37 and columns 2, 33, 1000 and 4097 (a one-column LayerNorm is identically b, so
@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from casebook.kernels import layernorm as mod
-from casebook.run.check import check
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """linear_cross_entropy: every CPU-checkable rung against the float64 (loss, d hidden, dW) through
-casebook.run.check as `casebook run` checks them (Triton and Liger through the interpreter), at awkward
+casebook.run.inprocess as `casebook run` checks them (Triton and Liger through the interpreter), at awkward
 vocabularies (1, 1000, a prime), one token and odd token counts, bf16 and fp32, with and without label
 smoothing; ignored rows; chunk sizes that do not divide the tokens; the in-place loss kernel with
 targets at the chunks' edges; the chunk rule; the traffic model; the level-3 scenario.
@@ -25,7 +25,8 @@ import yaml
 
 from casebook.kernels import cross_entropy as ce
 from casebook.kernels import linear_cross_entropy as mod
-from casebook.run.check import TORCH_DTYPES, check, upcast
+from casebook.run.check import TORCH_DTYPES, upcast
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

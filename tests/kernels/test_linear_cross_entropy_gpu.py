@@ -49,7 +49,7 @@ def test_inplace_split_matches_the_out_of_place_kernel(mods, vocab, eps):
 @pytest.mark.parametrize("fn", ["chunked", "liger", "split"])
 @pytest.mark.parametrize("t, h, v", [(1000, 1024, 32000), (777, 512, 151936)])
 def test_variant_matches_reference(mods, fn, t, h, v):
-    from casebook.run.check import check
+    from casebook.run.inprocess import check
     from casebook.tolerance import TOLERANCE
     _, mod = mods
     if fn == "liger":

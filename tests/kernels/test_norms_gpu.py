@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from casebook.kernels import layernorm, rmsnorm
-from casebook.run.check import check
+from casebook.run.inprocess import check
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a GPU (the CPU paths: test_rmsnorm.py, test_layernorm.py)")

@@ -1,5 +1,5 @@
 """rmsnorm: every CPU-checkable variant of the three cases (forward, fused residual, backward) against
-its float64 reference at awkward shapes, through casebook.run.check as `casebook run` checks them (the
+its float64 reference at awkward shapes, through casebook.run.inprocess as `casebook run` checks them (the
 Triton variants through the interpreter); each path of triton_long; the dw reductions; the traffic
 models.
 
@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from casebook.kernels import rmsnorm as mod
-from casebook.run.check import check
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """softmax_fusion: every CPU-checkable variant against the float64 softmax at awkward shapes (Triton through
-the interpreter), through casebook.run.check as `casebook run` checks them; the two paths of triton_online and
+the interpreter), through casebook.run.inprocess as `casebook run` checks them; the two paths of triton_online and
 its row barrier; the traffic model. The barrier's wait across programs needs programs that run at the same
 time, which the interpreter's do not: `test_softmax_fusion_gpu.py` checks that on a GPU.
 
@@ -23,7 +23,8 @@ import torch
 import yaml
 
 from casebook.kernels import softmax_fusion as mod
-from casebook.run.check import TORCH_DTYPES, check
+from casebook.run.check import TORCH_DTYPES
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]

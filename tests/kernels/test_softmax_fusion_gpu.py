@@ -28,7 +28,7 @@ def mod():
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_long_rows_match_reference(mod, rows, cols, dtype):
-    from casebook.run.check import check
+    from casebook.run.inprocess import check
     from casebook.tolerance import TOLERANCE
     c = check(mod.triton_online, mod.reference, mod.make_inputs, {"rows": rows, "cols": cols}, dtype, "cuda",
               [rows * 1000 + cols, rows * 1000 + cols + 1])
@@ -46,7 +46,7 @@ CLUSTER_COLS = (16392, 32768, 40000, 65537, 151936, 300000)  # just over 32 KB i
 @pytest.mark.parametrize("rows", CLUSTER_ROWS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_cluster_bulk_matches_reference(mod, rows, cols, dtype):
-    from casebook.run.check import check
+    from casebook.run.inprocess import check
     from casebook.tolerance import TOLERANCE
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("thread-block clusters and bulk copies need Hopper")

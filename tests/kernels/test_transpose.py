@@ -1,5 +1,5 @@
 """transpose: every CPU-checkable variant against the float64 transpose at awkward shapes (Triton through
-the interpreter), through casebook.run.check as `casebook run` checks them; which path `tma` takes; the
+the interpreter), through casebook.run.inprocess as `casebook run` checks them; which path `tma` takes; the
 traffic model.
 
 Shapes: one row, one column, odd and prime sizes, sizes just past a power of two (masked tails in both
@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from casebook.kernels import transpose as mod
-from casebook.run.check import check
+from casebook.run.inprocess import check
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = yaml.safe_load((REPO / "cases" / "transpose.yaml").read_text())

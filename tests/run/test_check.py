@@ -1,8 +1,9 @@
-"""casebook.run.check: every way a kernel can be wrong or cheat is caught, in process, before any timing.
+"""casebook.run.check and casebook.run.inprocess: every way a kernel can be wrong or cheat is caught, in process,
+before any timing.
 
 The broken kernels live in tests/fixtures/kernels/cheats.py; each test loads a fresh copy (the caching
-cheats keep state). The same kernels go through a child process in test_measure.py and through the whole
-`casebook run` in test_run.py.
+cheats keep state). The same kernels go through a child process in test_child.py and through the whole
+`casebook run` in test_orchestrate.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 import torch
 
 from casebook import case
-from casebook.run.check import TORCH_DTYPES, CheckFailed, check, upcast
+from casebook.run.check import TORCH_DTYPES, CheckFailed, upcast
+from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
 CHEATS = Path(__file__).parents[1] / "fixtures" / "kernels" / "cheats.py"

@@ -145,7 +145,10 @@ def test_the_runs_own_processes_are_not_the_others(monkeypatch):
     alone, r = _windows_beside([_burner(child=True)])  # a sibling rank whose worker burns a core
     assert "run_cpu_s" not in alone
     assert r["run_cpu_s"] / r["window_s"] > 0.15, r  # seen, and counted as the run's ...
-    assert alone["other_cpu_s"] - r["other_cpu_s"] == pytest.approx(r["run_cpu_s"], abs=0.03), (alone, r)  # not others'
+    # ... not others': the first window opened a moment earlier (longer on a loaded machine), when the burner
+    # could burn at most one core's worth more
+    gap = max(0.0, alone["window_s"] - r["window_s"])
+    assert alone["other_cpu_s"] - r["other_cpu_s"] == pytest.approx(r["run_cpu_s"], abs=0.03 + gap), (alone, r)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
