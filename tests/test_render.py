@@ -132,6 +132,16 @@ def test_a_cpu_result_says_its_variants_were_never_checked_at_the_gpu_shapes(tmp
     assert md.count(said) == sum(r.result.hardware.kind == "cpu" for r in book.get("softmax_fusion").results) >= 1
 
 
+def test_a_machine_without_a_datasheet_says_nothing_bounds_its_ceilings(tmp_path: Path):
+    """A CPU's ceilings have no datasheet to be held to: ceilings invented with the points they place would pass
+    `check`, and the hardware page says that they are as good as the run that stored them."""
+    cases = copy_cases(tmp_path / "cases")
+    book = load_book(cases, copy_results(tmp_path / "results", cases))
+    md = site.plan(book).pages["hardware.md"]
+    unbound = sum(1 for key, results in book.hardware().items() if not results[0].result.hardware.datasheet)
+    assert unbound >= 1 and md.count("nothing outside its own results bounds these ceilings") == unbound
+
+
 def test_result_for_an_unknown_case_is_a_warning_and_a_broken_result_an_error(tmp_path: Path):
     cases = copy_cases(tmp_path / "cases")
     results = copy_results(tmp_path / "results", cases)
