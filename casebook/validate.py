@@ -333,7 +333,8 @@ def _signatures(source: str, mtime_ns: int, size: int) -> dict[str, tuple[tuple[
 # --- strict: what a reviewer would reject ------------------------------------------------------------
 
 
-SCAFFOLD_CASE = ("Two or three sentences: the problem and the method", "placeholder weight, replace with a trace")
+SCAFFOLD_CASE = ("Scaffold written by `casebook new", ": a scaled add in one pass",
+                 "Two or three sentences: the problem and the method", "placeholder weight, replace with a trace")
 """Text of `casebook new`'s case template that a finished case no longer holds."""
 
 SCAFFOLD_KERNEL = "This is the scaffold `casebook new` writes"

@@ -120,3 +120,19 @@ def test_a_run_naming_a_path_is_refused_and_nothing_is_written(tmp_path, cli, fi
     result = cli("record", str(run), "--results", str(results_dir))
     assert result.exit_code == 2 and "cannot record" in result.output
     assert not [p for p in tmp_path.rglob("*.json") if p != run]
+
+
+def test_storing_a_result_check_will_refuse_says_so_at_once(tmp_path):
+    """`run --save` stores what it is asked to; where `casebook check` will refuse it (unstable points here), the
+    store says so then, not at the next check."""
+    from rich.console import Console
+
+    from casebook.commands.record import store
+
+    noisy = json.loads(FIXTURE.read_text())
+    next(p for p in noisy["kernel_level"] if p.get("median_us"))["unstable"] = ["spread p90/p10 9.00 over 3"]
+    out = Console(record=True, width=200)
+    case = Path(__file__).parent / "fixtures" / "cases" / "softmax_fusion.yaml"
+    assert store(Result.model_validate(noisy), tmp_path / "results", case, False, out) == 0
+    said = out.export_text()
+    assert "stored " in said and "`casebook check` will refuse it: it records 1 unstable point(s)" in said, said

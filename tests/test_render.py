@@ -623,3 +623,16 @@ def test_a_case_left_off_the_atlas_is_named_there_with_the_reason(tmp_path: Path
     page = words(pages.atlas(Book([entry]), {}))
     assert re.search(r"Not on the chart, though measured here:\s+\[Fused softmax[^\]]*\]\([^)]*\): it does no FLOPs",
                      page)
+
+
+def test_a_variant_only_checked_is_not_called_unstable_for_its_baselines_times():
+    """Its level-2 row has no speedup: the baseline's unstable time there is nothing it rests on."""
+    from casebook.render.views import _unstable_shapes
+    from casebook.result import Point
+
+    shape = {"rows": 64, "cols": 4096}
+    base = Point(variant="eager", shape=shape, dtype="bf16", status="ok", median_us=300.0, unstable=["spread"])
+    checked = Point(variant="triton", shape=shape, dtype="bf16", status="checked")
+    timed = Point(variant="fused", shape=shape, dtype="bf16", status="ok", median_us=100.0)
+    assert _unstable_shapes([base, checked, timed], "triton", "eager") == ""
+    assert _unstable_shapes([base, checked, timed], "fused", "eager") == "unstable at 1 of 1 shapes"

@@ -318,7 +318,7 @@ def test_strict_rejects_an_untouched_scaffold(tmp_path, monkeypatch):
     store_result(path, kernel_sha=provenance.kernel_sha256("fresh_case", tmp_path / "casebook" / "kernels"))
     rows = path.read_text().splitlines()
     lines = [i for mark in SCAFFOLD_CASE for i, row in enumerate(rows, 1) if mark in row]
-    assert len(lines) == 3  # the summary and two workload sources
+    assert len(lines) == 5  # the header, the title, the summary and two workload sources
     errors = [str(e) for e in validate([path], strict=True).errors if e.field != "claims"]
     assert errors == [f"{path}:{i}: scaffold: still holds the scaffold's placeholder ({mark!r}); write your case's own"
                       for mark in SCAFFOLD_CASE for i, row in enumerate(rows, 1) if mark in row] + [

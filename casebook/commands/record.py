@@ -65,7 +65,21 @@ def store(result: Result, results_dir: Path, case_path: Path, force: bool, out: 
                       "pass --force to replace it", highlight=False)
             return 1
     out.print(f"stored [bold]{results.save(result, results_dir)}[/bold]", highlight=False)
+    for why in unpublished(result, case_path):
+        out.print(f"  `casebook check` will refuse it: it {why}", highlight=False)
     return 0
+
+
+def unpublished(result: Result, case_path: Path) -> list[str]:
+    """Why `casebook check` will refuse the stored `result` (empty: it will not, for these reasons): stored as asked,
+    it is said at once, not found at the next check."""
+    from casebook.load import CaseError, load_case
+    from casebook.validate import unpublishable
+
+    try:
+        return unpublishable(load_case(case_path), result)
+    except (CaseError, OSError):
+        return []
 
 
 def main(run: Path, results_dir: Path, force: bool, case: Path | None = None) -> int:

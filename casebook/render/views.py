@@ -195,9 +195,10 @@ def caveat(stored: StoredResult) -> str:
 
 
 def _unstable_shapes(points: list[Point], variant: str, baseline: str) -> str:
-    """The workload shapes whose speedup for `variant` rests on an unstable time (its own or the baseline's)."""
+    """The workload shapes whose speedup for `variant` rests on an unstable time (its own or the baseline's): only
+    where it was timed (a variant only checked there has no speedup to rest on anything)."""
     shaky = {text.shape_short(p.shape) for p in points if p.unstable and p.variant in (variant, baseline)}
-    shapes = {text.shape_short(p.shape) for p in points if p.variant == variant}
+    shapes = {text.shape_short(p.shape) for p in points if p.variant == variant and p.status == "ok"}
     return f"unstable at {len(shaky & shapes)} of {len(shapes)} shapes" if shaky & shapes else ""
 
 
