@@ -82,6 +82,8 @@ def test_the_main_command_in_a_fresh_clone_leaves_the_work_tree_clean(tmp_path):
     [kept] = (cache / "runs").glob("*/cheats/*.json")
     assert f"this run: {kept}" in first.stderr.replace("\n", "")
     assert "no stored result for this machine" in first.stderr
+    level3 = [line for line in first.stderr.splitlines() if line.strip().startswith("end_to_end") and ": ok" in line]
+    assert all("scenario " in line and "kernel alone" in line for line in level3), level3  # its times, in the log
     slug = json.loads(kept.read_text())["hardware"]["slug"]
 
     recorded = casebook("record", str(kept))

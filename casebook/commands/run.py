@@ -122,7 +122,9 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                 bar.update(job, advance=1, description=f"{name} {shape_named(t.shape)} {t.dtype}")
                 if not console.is_terminal:  # a log, line by line, where no live bar can be drawn
                     us = (f"{p['median_us']:.1f} us" if p.get("median_us") else
-                          f"{p['speedup']:.3f}x paired" if p.get("speedup") else "")
+                          f"{p['speedup']:.3f}x paired" if p.get("speedup") else
+                          f"scenario {p['scenario_us']:.1f} us, kernel alone {p['kernel_us']:.1f} us"
+                          if p.get("scenario_us") and p.get("kernel_us") else "")
                     why = f": {p.get('error', '')}" if p.get("status") in ("failed", "crashed", "timeout") else ""
                     console.print(f"  {t.level:10s} {name} {shape_named(t.shape)} {t.dtype}: {p.get('status')}"
                                   f"{why} {us}", highlight=False)
