@@ -138,3 +138,19 @@ def test_storing_a_result_check_will_refuse_says_so_at_once(tmp_path):
     assert store(Result.model_validate(noisy), tmp_path / "results", case, False, out) == 0
     said = out.export_text()
     assert "stored " in said and "`casebook check` will refuse it: it records 1 unstable point(s)" in said, said
+
+
+def test_the_comparison_with_the_stored_result_says_when_this_run_was_unstable(tmp_path, capsys):
+    """A run on a busy machine reads 20x the stored medians: the comparison says its unstable points moved with the
+    machine, not with the code."""
+    from casebook.commands import run as command
+    from casebook.results import save
+
+    stored = Result.model_validate(json.loads(FIXTURE.read_text()))
+    save(stored, tmp_path)
+    noisy = json.loads(FIXTURE.read_text())
+    for p in noisy["kernel_level"][:2]:
+        p["unstable"] = ["spread p90/p10 9.00 over 3"]
+    command.against_stored(Result.model_validate(noisy), tmp_path)
+    said = capsys.readouterr()
+    assert "2 of this run's points are unstable (above)" in said.out + said.err

@@ -237,6 +237,10 @@ def against_stored(result: Result, results_dir: Path) -> None:
         console.print(f"the stored result {stored} is unreadable: {e}", highlight=False)
         return
     console.print(f"[bold]Against the stored result[/bold] {stored} (A) -> this run (B):", highlight=False)
+    shaky = sum(1 for p in result.kernel_level + result.workload_level.points if p.unstable)
+    if shaky:
+        console.print(f"  {shaky} of this run's points are unstable (above): where they moved, the machine moved "
+                      "them, not the code", highlight=False)
     show(console, before, result, (stored.name, "this run"), min_us=0.0)
 
 
