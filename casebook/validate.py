@@ -74,7 +74,8 @@ def validate(paths: list[Path], strict: bool = False) -> Report:
         seen = {(p.path, p.line, p.field) for p in report.problems}
         found: list[CaseError] = []
         for check in (lambda: [_located_problem(m, lines) for m in consistency_problems(raw)],
-                      lambda: check_links(raw, lines, ids), lambda: check_kernel(path, raw, lines)):
+                      lambda: check_links(raw, lines, ids), lambda: check_kernel(path, raw, lines),
+                      lambda: check_signatures(path, raw, lines)):
             try:
                 found += check()
             except (TypeError, AttributeError, ValueError, KeyError):  # too broken for this check: the rest stand
@@ -274,20 +275,22 @@ def check_signatures(path: Path, case: Case, lines: Lines) -> list[CaseError]:
         return []
     st = source.stat()
     sigs = _signatures(str(source), st.st_mtime_ns, st.st_size)
-    ref = sigs.get(case.kernel.reference)
+    reference = case.kernel.reference or "reference"  # a file that did not load (`Raw`) leaves the defaults unset
+    ref = sigs.get(reference)
     if ref is None:
         return []
     errors = []
     for i, v in enumerate(case.kernel.variants):
-        mine = sigs.get(v.fn)
+        fn = v.fn or v.name
+        mine = sigs.get(fn)
         if mine is None or mine == ref:
             continue
         (ref_all, ref_required), (all_, required) = ref, mine
         if set(ref_required) <= set(all_) and set(required) <= set(ref_all):
             continue
         errors.append(lines.error(("kernel", "variants", i, "fn"),
-                                  f"{v.fn}({', '.join(all_)}) does not take the arguments of "
-                                  f"{case.kernel.reference}({', '.join(ref_all)}): the input maker's tensors are "
+                                  f"{fn}({', '.join(all_)}) does not take the arguments of "
+                                  f"{reference}({', '.join(ref_all)}): the input maker's tensors are "
                                   "passed to both by name"))
     return errors
 

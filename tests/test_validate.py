@@ -130,6 +130,18 @@ def test_variants_take_the_reference_arguments(make_case, tmp_path, line_of):
                               "name"]
 
 
+def test_a_file_that_does_not_load_still_has_its_signatures_checked(make_case, tmp_path, line_of):
+    """A wrong shape key keeps the case from loading; a variant that does not take the reference's arguments is
+    still reported in the same pass, not after the first problem is fixed."""
+    book_with_kernel(tmp_path, KERNEL.replace("def eager(x: torch.Tensor)", "def eager(logits: torch.Tensor)"))
+    shape = "    counters_shape: {rows: 4096, cols: 65536}\n"
+    path = make_case({shape: shape.replace("cols:", "col:")})
+    found = problems(path)
+    assert any("shape keys" in p for p in found), found
+    assert f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not take the arguments " \
+           "of reference(x): the input maker's tensors are passed to both by name" in found, found
+
+
 def test_signatures_not_judged_when_not_plain(tmp_path):
     from casebook.validate import _signatures
 
