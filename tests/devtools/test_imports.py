@@ -97,3 +97,14 @@ def test_reading_modules_import_no_torch():
             "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_readme_layout_names_every_module():
+    """The README's layout gives each module its one job: a module added without a line there is caught here."""
+    readme = (REPO / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Adding a case")]
+    folders = [REPO / "casebook" / f for f in ("", "run", "render", "devtools")]
+    modules = [p for folder in folders for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"]
+    assert len(modules) > 40
+    missing = [str(p.relative_to(REPO)) for p in modules if p.name not in layout]
+    assert missing == []
