@@ -11,6 +11,7 @@ import os
 import time
 
 import pytest
+from test_transport import _frames, json_dumps  # one pipe of framed messages for both files' tests
 
 from casebook.run.isolate import run_isolated
 
@@ -158,20 +159,6 @@ def test_a_message_crosses_the_pipe_a_frame_a_tensor():
     assert torch.equal(back["outputs"][0], x) and back["outputs"][1].numel() == 0 and back["n"] == 2
 
 
-_OPEN: list = []  # the sending ends, kept open while a test reads
-
-
-def _frames(header: dict, *blobs: bytes):
-    import multiprocessing as mp
-
-    a, b = mp.Pipe()
-    a.send_bytes(json_dumps(header))
-    for blob in blobs:
-        a.send_bytes(blob)
-    _OPEN.append(a)
-    return b
-
-
 @pytest.mark.parametrize("blob", [b"\0" * 8, b"\0" * 32], ids=["shorter", "longer"])
 def test_a_tensor_frame_of_another_length_than_its_header_is_refused(blob):
     import time
@@ -244,12 +231,6 @@ def json_loads(b: bytes):
     import json
 
     return json.loads(b)
-
-
-def json_dumps(d) -> bytes:
-    import json
-
-    return json.dumps(d).encode()
 
 
 def spawn_late(path: str) -> dict:
