@@ -299,6 +299,8 @@ case "${1:-}" in
          # job stopped by SIGTERM at 60 s and resumed; the quick ceilings against the thorough ones, as time
          # allows. Predicted: the ladder (6 rungs, 186 points) in 100-150 s with the ceilings
     end=${DEADLINE:-560}
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader -lms 500 > "$out/logs/gpu_memory.csv" &
+    smi=$!
     timeout 90 python3 benchmarks/explore/method/crossing_probe.py > "$out/logs/probe.txt" 2>&1
     echo "probe: exit $?"; cat "$out/logs/probe.txt"
     start=$SECONDS
@@ -320,7 +322,8 @@ case "${1:-}" in
     if [ $SECONDS -lt $((end - 60)) ]; then
       timeout $((end + 25 - SECONDS)) python3 benchmarks/explore/method/ceilings_rested.py > "$out/logs/ceilings.txt" 2>&1
       echo "ceilings: exit $?"; cat "$out/logs/ceilings.txt"
-    fi ;;
+    fi
+    kill $smi ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
          # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
          # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200

@@ -45,6 +45,10 @@ _ctx = mp.get_context("spawn")
 MAX_ROOM = 64 * 2**30
 """The most device memory a growable loan (the reference's answers) is enlarged to."""
 
+class CannotLend(RuntimeError):
+    """The memory a request's answer needs cannot be lent (the device is full): that request fails, not the run."""
+
+
 TOKEN_ENV = "CASEBOOK_WORKER_TOKEN"
 """Set in every child's environment to a fresh random token: what its leftover descendants are found by."""
 
@@ -118,6 +122,18 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
             break
         send_frames(conn, *frames)
         del payload, frames  # the answer's tensors let go before the child waits for the next request
+        _give_back_device_memory()
+
+
+def _give_back_device_memory() -> None:
+    """In the child, between requests: what torch's caching allocator keeps of the last task's device memory,
+    back to the device. The variant's child, the reference's child and the parent share one GPU and take turns
+    on it; each child kept what it had last allocated (33-72 GB at the softmax case's 2**30-element points on
+    the H200) and the next to allocate ran out of memory. Never imports torch (a child that has not used a GPU
+    has nothing to give back)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 # --- the parent's side ---------------------------------------------------------------------------------
@@ -158,6 +174,7 @@ class Worker:
         child may not: a file in shared memory is readable by every process of the user, a variant's among them,
         so its answers cross the host down the pipe alone (or, on a GPU, in device memory)."""
         self.proc = self.conn = None
+        self.greeted = False
         self.token = ""
         self.receive_s = 0.0
         self.crossing_error: str | None = None
@@ -165,11 +182,18 @@ class Worker:
         """Seconds the last request's answer took to read once it began to arrive (header, frames, files, copies
         out of the arena): what the crossing cost."""
 
-    def start(self) -> dict | None:
-        """Start the child now rather than at the first request (None, or why it did not start)."""
-        return self._start() if self.proc is None else None
+    def start(self) -> None:
+        """Start the child now rather than at the first request, without waiting for it: its start (a new
+        interpreter importing torch, Triton and casebook, seconds of host work) goes on in its own process while
+        this one works, and its greeting is read at the first request. A GPU run starts the next variant's child
+        this way while the variant before it is measured. From the thread that will make the requests: the child
+        dies with the thread that started it (PR_SET_PDEATHSIG is the parent *thread*'s death; a child started
+        from a helper thread was killed as that thread ended, seen on the H200 as each variant's first task
+        crashing with "child process died before the task")."""
+        if self.proc is None:
+            self._launch()
 
-    def _start(self) -> dict | None:
+    def _launch(self) -> None:
         self.token = secrets.token_hex(16)
         parent, child = _ctx.Pipe(duplex=True)
         self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid(),
@@ -185,13 +209,17 @@ class Worker:
             raise
         finally:
             child.close()
-        self.conn = parent
+        self.conn, self.greeted = parent, False
+
+    def _greet(self) -> dict | None:
+        """Wait for the started child's greeting: None, or why it did not come (the child is ended)."""
         answer = self._receive(self.startup_s)
         if answer is None or not (isinstance(answer, dict) and answer.get("ready")):
             failure = answer if isinstance(answer, dict) and "status" in answer else {
                 "status": "crashed", "error": "child process sent no greeting"}
             self.close()
             return failure
+        self.greeted = True
         return None
 
     def _receive(self, limit_s: float, stated_s: float | None = None) -> Any:
@@ -217,20 +245,32 @@ class Worker:
                                                   f"{str(e)[:300]})"}  # failure; the child is replaced
 
     def _lend(self, room: int, grow: bool) -> dict | None:
+        """The loan of `room` bytes for a request (None: no room, or no arena); `CannotLend` where the memory
+        cannot be had (the device is full), once what this process caches has been given back and tried again."""
         if self.arena is None or room <= 0:
             return None
-        return self.arena.lend(room, grow=grow, borrower=self.token)
+        for attempt in (1, 2):
+            try:
+                return self.arena.lend(room, grow=grow, borrower=self.token)
+            except Exception as e:  # out of device memory, mostly
+                if attempt == 2:
+                    raise CannotLend(f"the {room} bytes of memory lent for its answer could not be had "
+                                     f"({type(e).__name__}: {str(e)[:200]})") from None
+                _give_back_device_memory()
 
     def request(self, task: Any, timeout_s: float, room: int = 0, grow: bool = False) -> dict:
         """Run `worker(task)` in the child; its payload, or a timeout / crash record. `room`: bytes of the arena
         the child may fill with its answer's tensors on the arena's device (0: none, they cross the host);
         `grow`: the child may ask for more (up to `MAX_ROOM`) before it sends."""
         if self.proc is None:
-            failure = self._start()
-            if failure is not None:
-                return failure
+            self._launch()
+        if not self.greeted and (failure := self._greet()) is not None:
+            return failure
         deadline = time.monotonic() + timeout_s
-        message = (task, self._lend(room, grow))
+        try:
+            message = (task, self._lend(room, grow))
+        except CannotLend as e:  # this request fails; the child, which has not seen it, stays for the next
+            return {"status": "crashed", "error": str(e)}
         while True:
             try:
                 self.conn.send(message)
@@ -241,7 +281,11 @@ class Worker:
             wanted = answer.get("room") if isinstance(answer, dict) else None
             if not (grow and isinstance(wanted, int) and not isinstance(wanted, bool) and room < wanted <= MAX_ROOM):
                 break
-            room, message = wanted, (None, self._lend(wanted, grow))
+            try:
+                room, message = wanted, (None, self._lend(wanted, grow))
+            except CannotLend as e:  # the child waits for a loan that will not come: it ends with the request
+                self.close()
+                return {"status": "crashed", "error": str(e)}
         if isinstance(answer, dict) and isinstance(answer.get("done"), dict):
             done = answer["done"]
             if self.arena is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -107,7 +106,7 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
     case = run["case"]
     outcomes: dict[str, list[tuple[Task, dict]]] = {}
     order = [n for n, g in groups.items() if g["tasks"]]
-    ahead: _Ahead | None = None
+    ahead: Worker | None = None
     try:
         for name, g in groups.items():
             tasks, mine = g["tasks"], []
@@ -123,15 +122,19 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
             if not tasks:  # a variant with no backend here
                 continue
             t0 = time.perf_counter()
-            worker = ahead.take() if ahead is not None else _variant_worker(g, case)
+            worker = ahead if ahead is not None else _variant_worker(g, case)
             following = order[order.index(name) + 1:]
-            ahead = _Ahead(_variant_worker(groups[following[0]], case)) if run["on_gpu"] and following else None
+            # On a GPU the next variant's child starts now, its start overlapping this variant's GPU work; a CPU
+            # run starts each child in turn (a start would take a core from the timing).
+            ahead = _variant_worker(groups[following[0]], case) if run["on_gpu"] and following else None
+            if ahead is not None:
+                ahead.start()
             execute(tasks, timeout_s=timeout_s, env=_child_env(g, case), on_done=done, loaded=run["loaded"],
                     answers=run["answers"], reuse=run["reuse"], worker=worker)
             _variant_done(g, mine, name, t0, progress)
     finally:
         if ahead is not None:  # cut short: the child started for the next variant ends too
-            ahead.take().release()
+            ahead.release()
     return _claims_stage(run, outcomes, protocol, timeout_s, progress)
 
 
@@ -155,22 +158,6 @@ def _variant_worker(g: dict, case: Case) -> Worker:
     """The child a variant's tasks run in, not yet started: Triton's interpreter where it is only checked, and the
     memory its outputs cross in where its device has some to lend."""
     return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g["device"])[0])
-
-
-class _Ahead:
-    """A variant's child, started in a thread while the variant before it is measured. On a GPU its start (a new
-    interpreter importing torch, Triton and casebook: seconds of host work, nothing on the device until its first
-    task) overlaps the GPU's work; a CPU run starts each child in turn, where the start would take a core from the
-    timing."""
-
-    def __init__(self, worker: Worker):
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.start, daemon=True)
-        self.thread.start()
-
-    def take(self) -> Worker:
-        self.thread.join()
-        return self.worker
 
 
 def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: float, progress: Progress) -> dict:

@@ -530,21 +530,6 @@ def test_the_report_of_a_model_without_flops_states_the_declared_intensity(capsy
     assert "gives 0 FLOP/byte, the case declares 0" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_a_variant_child_started_ahead_is_handed_over_started():
-    """`orchestrate._Ahead`: the next variant's child starts in a thread; `take` hands it over started, and a run cut
-    short releases it (its process ends)."""
-    from casebook.run import orchestrate
-    from casebook.run.isolate import Worker
-
-    ahead = orchestrate._Ahead(Worker(orchestrate.measure_work, {}))
-    worker = ahead.take()
-    assert worker.proc is not None and worker.proc.is_alive()
-    proc = worker.proc
-    worker.release()
-    assert not proc.is_alive()
-
-
 @pytest.mark.parametrize("payload, why", [
     ({"status": "ok", "median_us": float("inf")}, "ValueError"),  # a stored result is strict JSON
     ({"status": "ok", "interference": {"window_s": "long"}}, "ValidationError"),  # not the record's shape

@@ -359,6 +359,28 @@ def test_a_worker_answers_through_the_arena(shm):
     assert list(shm.iterdir()) == []
 
 
+class _Full(HostMemory):
+    """Memory that cannot be had past 1 MiB, as a full device's."""
+
+    def __init__(self, nbytes: int, *a, **k):
+        if nbytes > 2**20:
+            raise RuntimeError("out of memory")
+        super().__init__(nbytes, *a, **k)
+
+
+@slow
+def test_memory_that_cannot_be_lent_fails_the_request_not_the_run(shm):
+    """A loan the device has no memory for (the parent's allocation fails, as it did on a full H200 and ended
+    the whole run): that request fails with why, and the same child answers the next request."""
+    with Worker(child, arena=Arena(_Full)) as worker:
+        failed = worker.request(("tensors",), 60, room=2**21)
+        assert failed["status"] == "crashed" and "could not be had" in failed["error"], failed
+        pid = worker.proc.pid
+        answer = worker.request(("tensors",), 60, room=64 * 1024)
+        assert answer["status"] == "ok" and worker.proc.pid == pid and worker.arena.taken == 7
+    assert list(shm.iterdir()) == []
+
+
 @slow
 def test_a_worker_answer_over_its_room_arrives_unsent(shm):
     """Without grow, a tensor over the room lent comes back as Unsent; the ones that fit arrive."""
