@@ -235,13 +235,14 @@ class _Reservoir:
     """A uniform sample of `k` timed calls' outputs, each kept or not as it returns (Algorithm R, from the
     operating system's randomness): which calls are checked is decided after they are made."""
 
-    def __init__(self, k: int, rotation: _Rotation, seeds: list[int], make):
+    def __init__(self, k: int, rotation: _Rotation, seeds: list[int], make=None):
         self.k, self.rotation, self.seeds, self.make = k, rotation, seeds, make
         self.kept: list[tuple[int, dict]] = []
         self.seen = 0
         self.rng = random.SystemRandom()
 
-    def offer(self, out) -> None:
+    def offer(self, out, make=None) -> None:
+        """Keep `out` or not; what is kept is `make(out, set)` (`make` here, else the reservoir's own)."""
         self.seen += 1
         if len(self.kept) < self.k:
             slot = len(self.kept)
@@ -250,7 +251,7 @@ class _Reservoir:
             slot = self.rng.randrange(self.seen)
             if slot >= self.k:
                 return
-        self.kept[slot] = (self.seen, self.make(out, self.rotation.k))
+        self.kept[slot] = (self.seen, (make or self.make)(out, self.rotation.k))
 
 
 class _Sampler:
@@ -263,7 +264,9 @@ class _Sampler:
         self.sets, self.ids, self.rotation, self.poison = sets, ids, rotation, poison
         self.seen, self.force, self.forced = 0, False, []
         self.blend_at = (random.SystemRandom().randrange(1, protocol.min_reps) if inputs_mod.blends(task) else None)
-        self.reservoir = _Reservoir(SAMPLES, rotation, ids, self._timed)
+        # The sampler's own method is given at each offer: held by the reservoir, it made a reference cycle that
+        # kept a point's input sets and kept outputs alive after the point, on a GPU until the cycle collector ran.
+        self.reservoir = _Reservoir(SAMPLES, rotation, ids)
 
     def _timed(self, out, k: int) -> dict:
         return {**record("timed", self.ids[k], out, self.sets[k], None), "call": self.seen}
@@ -284,7 +287,7 @@ class _Sampler:
             self.force = False
             self.forced.append(self._timed(out, self.rotation.k))
         else:
-            self.reservoir.offer(out)
+            self.reservoir.offer(out, self._timed)
 
     def kept(self) -> list[dict]:
         return sorted([rec for _, rec in self.reservoir.kept] + self.forced, key=lambda rec: rec["call"])

@@ -33,6 +33,7 @@ from casebook.run.transport import (
     NeedRoom,
     Spill,
     clear_spill,
+    give_back_device_memory,
     open_loan,
     receive,
     send,
@@ -122,18 +123,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
             break
         send_frames(conn, *frames)
         del payload, frames  # the answer's tensors let go before the child waits for the next request
-        _give_back_device_memory()
-
-
-def _give_back_device_memory() -> None:
-    """In the child, between requests: what torch's caching allocator keeps of the last task's device memory,
-    back to the device. The variant's child, the reference's child and the parent share one GPU and take turns
-    on it; each child kept what it had last allocated (33-72 GB at the softmax case's 2**30-element points on
-    the H200) and the next to allocate ran out of memory. Never imports torch (a child that has not used a GPU
-    has nothing to give back)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+        give_back_device_memory()
 
 
 # --- the parent's side ---------------------------------------------------------------------------------
@@ -256,7 +246,7 @@ class Worker:
                 if attempt == 2:
                     raise CannotLend(f"the {room} bytes of memory lent for its answer could not be had "
                                      f"({type(e).__name__}: {str(e)[:200]})") from None
-                _give_back_device_memory()
+                give_back_device_memory()
 
     def request(self, task: Any, timeout_s: float, room: int = 0, grow: bool = False) -> dict:
         """Run `worker(task)` in the child; its payload, or a timeout / crash record. `room`: bytes of the arena

@@ -14,7 +14,7 @@ import math
 from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
 from casebook.run.check import TORCH_DTYPES, CheckFailed, compare_output
 from casebook.run.inputs import blends
-from casebook.run.transport import Unsent, digest
+from casebook.run.transport import Unsent, digest, give_back_device_memory
 from casebook.stats import summarize
 from casebook.tolerance import TOLERANCE
 
@@ -118,10 +118,8 @@ def _count(x) -> bool:
 def release(device: str) -> None:
     """What judging a GPU's outputs left in the parent's allocator, handed back before the next task (the
     variant's child needs the device's memory, the parent holds none between tasks)."""
-    import torch
-
-    if device == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    if device == "cuda":
+        give_back_device_memory()
 
 
 ERROR_MAX = 2000

@@ -23,6 +23,7 @@ more room first (`NeedRoom`). Which crossing a run used, and why, is part of its
 
 from __future__ import annotations
 
+import gc
 import json
 import mmap
 import os
@@ -30,6 +31,7 @@ import re
 import secrets
 import stat
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,25 +104,48 @@ def _dtype_name(t) -> str:
 # --- the child's side ------------------------------------------------------------------------------------
 
 
+def _tensors(x):
+    """Every tensor in a message's data (dicts, lists and tuples), in order."""
+    if _is_tensor(x):
+        yield x
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+
+
+def _pack(x, leaf):
+    """A message's data with each tensor replaced by `leaf(tensor)`: dicts' keys as strings, tuples as lists.
+    (The walkers are functions of the module, not closures that call themselves: such a closure is a reference
+    cycle, and it held every tensor of a message, its host copies too, until the cycle collector ran.)"""
+    if _is_tensor(x):
+        return leaf(x)
+    if isinstance(x, dict):
+        return {str(k): _pack(v, leaf) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_pack(v, leaf) for v in x]
+    return x
+
+
+def _unpack(x, leaf):
+    """A header's data with each dict that `leaf` makes something of (a tensor's marker) replaced by that."""
+    if isinstance(x, dict):
+        made = leaf(x)
+        return made if made is not None else {k: _unpack(v, leaf) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_unpack(v, leaf) for v in x]
+    return x
+
+
 def split(payload: Any, spill: "Spill | None" = None, outbox: "Outbox | None" = None) -> tuple[bytes, list]:
     """`payload` as its JSON header and the bytes to send down the pipe after it. Each tensor is replaced in the
     header by {"__tensor__": index, "dtype", "shape"}, and its bytes go into `outbox` (the arena lent for this
     request, where the tensor is on the arena's device), else into a file of `spill`'s (large ones), else down
     the pipe as buffers over a CPU copy. A tensor for the arena that does not fit is replaced by
     {"__unsent__": why, "dtype", "shape"}; with a growable loan, NeedRoom is raised first, before any is copied."""
-    found: list = []
-
-    def collect(x):
-        if _is_tensor(x):
-            found.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                collect(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                collect(v)
-
-    collect(payload)
+    found = list(_tensors(payload))
     lent = outbox is not None and any(outbox.takes(t) for t in found)
     if lent and outbox.grow:
         needed = sum(aligned(t.numel() * t.element_size()) for t in found if outbox.takes(t))
@@ -131,34 +156,28 @@ def split(payload: Any, spill: "Spill | None" = None, outbox: "Outbox | None" = 
     offsets: list = []
     sizes: list[int] = []
 
-    def walk(x):
-        if _is_tensor(x):
-            t = x.detach()
-            if lent and outbox.takes(t):
-                try:
-                    offset = outbox.put(t)
-                except NoRoom as e:
-                    return {"__unsent__": str(e), "dtype": _dtype_name(t), "shape": list(t.shape)}
-                blobs.append(b"")
-                files.append(None)
-                offsets.append(offset)
-                sizes.append(t.numel() * t.element_size())
-            else:
-                t = t.cpu().contiguous()
-                raw = t.reshape(-1).view(__import__("torch").uint8).numpy() if t.numel() else b""
-                name = spill.write(raw) if spill is not None else None
-                blobs.append(b"" if name else raw)
-                files.append(name)
-                offsets.append(None)
-                sizes.append(len(raw))
-            return {"__tensor__": len(blobs) - 1, "dtype": _dtype_name(t), "shape": list(t.shape)}
-        if isinstance(x, dict):
-            return {str(k): walk(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [walk(v) for v in x]
-        return x
+    def leaf(t):
+        t = t.detach()
+        if lent and outbox.takes(t):
+            try:
+                offset = outbox.put(t)
+            except NoRoom as e:
+                return {"__unsent__": str(e), "dtype": _dtype_name(t), "shape": list(t.shape)}
+            blobs.append(b"")
+            files.append(None)
+            offsets.append(offset)
+            sizes.append(t.numel() * t.element_size())
+        else:
+            t = t.cpu().contiguous()
+            raw = t.reshape(-1).view(__import__("torch").uint8).numpy() if t.numel() else b""
+            name = spill.write(raw) if spill is not None else None
+            blobs.append(b"" if name else raw)
+            files.append(name)
+            offsets.append(None)
+            sizes.append(len(raw))
+        return {"__tensor__": len(blobs) - 1, "dtype": _dtype_name(t), "shape": list(t.shape)}
 
-    head = {"body": walk(payload), "blobs": sizes}
+    head = {"body": _pack(payload, leaf), "blobs": sizes}
     if any(files):
         head["files"] = files
     if any(o is not None for o in offsets):
@@ -266,39 +285,32 @@ def _rebuild(body: Any, blobs: list) -> Any:
     """The message's data with each tensor rebuilt from its bytes (a uint8 tensor of the length the header
     declared) after its declared type and shape are checked against that length; a tensor not sent as an
     `Unsent`. Nothing in it is executed."""
-    torch = None
+    def leaf(x: dict):
+        if "__unsent__" in x:
+            reason, dtype, shape = x["__unsent__"], x.get("dtype"), x.get("shape")
+            if (not isinstance(reason, str) or dtype not in TENSOR_DTYPES or not isinstance(shape, list)
+                    or not all(isinstance(d, int) and d >= 0 for d in shape)):
+                raise BadMessage("malformed unsent tensor")
+            return Unsent(reason[:300], dtype, tuple(shape))
+        if "__tensor__" not in x:
+            return None
+        import torch
 
-    def walk(x):
-        nonlocal torch
-        if isinstance(x, dict):
-            if "__unsent__" in x:
-                reason, dtype, shape = x["__unsent__"], x.get("dtype"), x.get("shape")
-                if (not isinstance(reason, str) or dtype not in TENSOR_DTYPES or not isinstance(shape, list)
-                        or not all(isinstance(d, int) and d >= 0 for d in shape)):
-                    raise BadMessage("malformed unsent tensor")
-                return Unsent(reason[:300], dtype, tuple(shape))
-            if "__tensor__" in x:
-                if torch is None:
-                    import torch
-                i, dtype, shape = x["__tensor__"], x.get("dtype"), x.get("shape")
-                if (not isinstance(i, int) or not 0 <= i < len(blobs) or dtype not in TENSOR_DTYPES
-                        or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)):
-                    raise BadMessage("malformed tensor")
-                dt = getattr(torch, dtype)
-                numel = 1
-                for d in shape:
-                    numel *= d
-                if numel * torch.empty((), dtype=dt).element_size() != blobs[i].numel():
-                    raise BadMessage(f"tensor {i}: {blobs[i].numel()} bytes for {dtype} {shape}")
-                if numel == 0:
-                    return torch.empty(shape, dtype=dt, device=blobs[i].device)
-                return blobs[i].view(dt).reshape(shape)
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        return x
+        i, dtype, shape = x["__tensor__"], x.get("dtype"), x.get("shape")
+        if (not isinstance(i, int) or not 0 <= i < len(blobs) or dtype not in TENSOR_DTYPES
+                or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise BadMessage("malformed tensor")
+        dt = getattr(torch, dtype)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * torch.empty((), dtype=dt).element_size() != blobs[i].numel():
+            raise BadMessage(f"tensor {i}: {blobs[i].numel()} bytes for {dtype} {shape}")
+        if numel == 0:
+            return torch.empty(shape, dtype=dt, device=blobs[i].device)
+        return blobs[i].view(dt).reshape(shape)
 
-    return walk(body)
+    return _unpack(body, leaf)
 
 
 def receive(conn, deadline: float, limit: int = MAX_MESSAGE, token: str = "", arena: "Arena | None" = None) -> Any:
@@ -448,6 +460,28 @@ def _read_spilled(name, buf, token: str) -> None:
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+# --- device memory between tasks ------------------------------------------------------------------------
+
+GARBAGE_BYTES = 2**28
+"""Device memory still allocated after a task above which the cycle collector runs before the cache is emptied."""
+
+
+def give_back_device_memory() -> None:
+    """What this process's caching allocator keeps of the device memory its last task used, back to the device:
+    the variant's child, the reference's child and the parent share one GPU and take turns on it. Tensors caught
+    in a reference cycle live until the cycle collector runs, which a process that allocates little host memory
+    seldom does: on the H200 the reference's child still held the answers of earlier tasks, a variant's child its
+    inputs and outputs (34 GB at the softmax case's largest points), and the next process to allocate ran out of
+    memory. Where much is still allocated, the cycles go first. Never imports torch: a process that has not used a
+    GPU has nothing to give back."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    if torch.cuda.memory_allocated() > GARBAGE_BYTES:
+        gc.collect()
+    torch.cuda.empty_cache()
 
 
 # --- the device crossing: memory the parent lends ----------------------------------------------------------

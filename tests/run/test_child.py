@@ -239,3 +239,33 @@ def test_a_replaced_method_or_code_object_of_the_harness_is_rebound():
     assert "casebook.run.child._Reservoir.offer" in names
     assert "casebook.run.judge.times_problem.__code__" in names
     assert child.rebound() == []
+
+
+def test_a_point_leaves_no_tensor_in_a_reference_cycle(monkeypatch):
+    """What a point's child made (its input sets, its kept outputs) is freed as soon as the point's payload is sent
+    and let go, without the cycle collector: on a GPU a tensor in a reference cycle held device memory until the
+    collector ran, and the next process to allocate ran out (the softmax case's largest points, on the H200)."""
+    import gc
+
+    import torch
+
+    import casebook.kernels
+    from casebook.run import child
+    from casebook.run.transport import split
+
+    monkeypatch.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(CHEATS_DIR)])
+    gc.collect()
+    gc.disable()
+    try:
+        payload = child.work(task("honest"))
+        assert payload.get("calls"), payload
+        split({"done": payload})
+        del payload
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cycled = [tuple(o.shape) for o in gc.garbage if torch.is_tensor(o)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cycled == []

@@ -625,3 +625,30 @@ def test_a_forged_offset_outside_a_device_loan_is_refused():
         assert back[0].is_cuda and back[0].tolist() == [0] * 16
     finally:
         arena.close()
+
+
+def test_a_message_s_tensors_are_freed_without_the_cycle_collector():
+    """`split` and `_rebuild` walk a message with functions of the module, not closures that call themselves
+    (each such closure a reference cycle, which held every tensor of a message, and its host copies, until the
+    cycle collector ran)."""
+    import gc
+    import weakref
+
+    from casebook.run import transport
+
+    gc.collect()
+    gc.disable()
+    try:
+        t = torch.arange(1000.0)
+        gone = weakref.ref(t)
+        header, frames = transport.split({"done": {"a": [t, (t[:10],)], "b": 1}})
+        del t
+        body, sizes, _, _ = transport._header(header)
+        blob = torch.frombuffer(bytearray(frames[0]), dtype=torch.uint8)
+        rebuilt = transport._rebuild(body, [blob, torch.frombuffer(bytearray(frames[1]), dtype=torch.uint8)])
+        assert torch.equal(rebuilt["done"]["a"][0], torch.arange(1000.0))
+        seen = weakref.ref(rebuilt["done"]["a"][0])
+        del header, frames, body, blob, rebuilt
+        assert gone() is None and seen() is None
+    finally:
+        gc.enable()
