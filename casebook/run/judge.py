@@ -115,11 +115,12 @@ def _count(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def release(device: str) -> None:
+def release(device: str, keeping: int = 0) -> None:
     """What judging a GPU's outputs left in the parent's allocator, handed back before the next task (the
-    variant's child needs the device's memory, the parent holds none between tasks)."""
+    variant's child needs the device's memory): the parent holds only the `keeping` bytes of its kept answers
+    between tasks."""
     if device == "cuda":
-        give_back_device_memory()
+        give_back_device_memory(keeping)
 
 
 ERROR_MAX = 2000

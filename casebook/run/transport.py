@@ -465,21 +465,23 @@ def _read_spilled(name, buf, token: str) -> None:
 # --- device memory between tasks ------------------------------------------------------------------------
 
 GARBAGE_BYTES = 2**28
-"""Device memory still allocated after a task above which the cycle collector runs before the cache is emptied."""
+"""Device memory still allocated after a task, beyond what the process means to keep, above which the cycle
+collector runs before the cache is emptied."""
 
 
-def give_back_device_memory() -> None:
+def give_back_device_memory(keeping: int = 0) -> None:
     """What this process's caching allocator keeps of the device memory its last task used, back to the device:
     the variant's child, the reference's child and the parent share one GPU and take turns on it. Tensors caught
     in a reference cycle live until the cycle collector runs, which a process that allocates little host memory
     seldom does: on the H200 the reference's child still held the answers of earlier tasks, a variant's child its
     inputs and outputs (34 GB at the softmax case's largest points), and the next process to allocate ran out of
-    memory. Where much is still allocated, the cycles go first. Never imports torch: a process that has not used a
-    GPU has nothing to give back."""
+    memory. Where more is still allocated than the `keeping` bytes the process means to hold (the parent's kept
+    answers), the cycles go first (a full collection: 0.1 s in the parent, so not after every task). Never
+    imports torch: a process that has not used a GPU has nothing to give back."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return
-    if torch.cuda.memory_allocated() > GARBAGE_BYTES:
+    if torch.cuda.memory_allocated() > keeping + GARBAGE_BYTES:
         gc.collect()
     torch.cuda.empty_cache()
 
