@@ -72,18 +72,27 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
     return groups
 
 
+COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+"""Where Inductor's and Triton's compiled kernels are kept, under casebook's cache (the caller's choice wins)."""
+
+
 def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
     """Environment of a variant's child process. Triton's interpreter where Triton kernels are checked
-    on a CPU. Inductor's cache (its generated kernels and its autotuning picks) under casebook's cache
-    unless the caller chose one: torch.compile benchmarks candidate kernels at its first call and keeps
-    the winner there, so consecutive runs measure the same kernels instead of re-deciding per process.
-    A multi-device case's children are told its device count (`CASEBOOK_DEVICES`): the reference's child
-    makes every rank's inputs without joining the ranks."""
+    on a CPU. The compilers' caches under casebook's cache unless the caller chose others (`COMPILE_CACHES`),
+    with Triton's autotuning picks kept there too (`TRITON_CACHE_AUTOTUNING`): torch.compile and
+    `triton.autotune` benchmark candidate kernels at their first call and keep the winner, so consecutive
+    runs measure the same kernels instead of re-deciding per process, and a second run on a machine does not
+    compile and tune again (on the H200 the softmax ladder's first calls, compilation and autotuning, were
+    164 s of a fresh run's 280 s of points). A multi-device case's children are told its device count
+    (`CASEBOOK_DEVICES`): the reference's child makes every rank's inputs without joining the ranks."""
     env = {"TRITON_INTERPRET": "1"} if interpreted else {}
     if devices > 1:
         env["CASEBOOK_DEVICES"] = str(devices)
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(paths.CACHE_DIR / "inductor")
+    for var, folder in COMPILE_CACHES.items():
+        if var not in os.environ:
+            env[var] = str(paths.CACHE_DIR / folder)
+    if "TRITON_CACHE_AUTOTUNING" not in os.environ:
+        env["TRITON_CACHE_AUTOTUNING"] = "1"
     return env
 
 

@@ -113,14 +113,18 @@ def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
     assert len(plan.pair_tasks(case, "nvidia-h200", outcomes, QUICK)) == 4, "no pair without both ladder points"
 
 
-def test_variant_env_keeps_inductor_choices_in_casebooks_cache(monkeypatch, tmp_path):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+def test_variant_env_keeps_the_compilers_choices_in_casebooks_cache(monkeypatch, tmp_path):
+    for var in (*plan.COMPILE_CACHES, "TRITON_CACHE_AUTOTUNING"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
-    assert plan.variant_env(interpreted=True) == {"TRITON_INTERPRET": "1",
-                                                 "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    assert plan.variant_env(interpreted=False) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # the caller's choice wins
+    caches = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+              "TRITON_CACHE_AUTOTUNING": "1"}
+    assert plan.variant_env(interpreted=True) == {"TRITON_INTERPRET": "1", **caches}
+    assert plan.variant_env(interpreted=False) == caches
+    for var in caches:  # the caller's choice wins
+        monkeypatch.setenv(var, "0" if var == "TRITON_CACHE_AUTOTUNING" else "/elsewhere")
     assert plan.variant_env(interpreted=False) == {}
+
 
 # --- levels 2 and 3, and what counts as failed --------------------------------------------------------
 
