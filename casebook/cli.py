@@ -179,8 +179,9 @@ def run(
     hardware: Annotated[Optional[str], typer.Option(
         help="With --ray: only on nodes offering this GPU kind (the Ray resource hardware:<slug>).")] = None,
     resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue this case's last run on this machine that was cut short: its points measured "
-                         "with the same code, case and protocol are kept, the rest measured.")] = False,
+        "--resume", help="Continue each case's last run on this machine that was cut short: its points measured "
+                         "with the same code, case and protocol are kept, the rest measured. With several cases "
+                         "and --save, a case whose stored result is current here is left alone.")] = False,
 ) -> None:
     """Check, time, place on the roofline and compare one case, at the three levels; the run is kept under
     $CASEBOOK_CACHE/runs (results/ only with --save). Several cases (or --all) run side by side, one worker
@@ -198,15 +199,15 @@ def run(
         raise typer.Exit(impl.main(paths[0], variants=variant, quick=quick, counters=counters, json_out=json_out,
                                    results_dir=results, timeout=timeout, save=save, force=force,
                                    argv=argv_of(ctx, drop=MANY), resume=resume))
-    if resume:
-        raise typer.BadParameter("resumes one case at a time", param_hint="--resume")
+    if resume and ray is not None:
+        raise typer.BadParameter("continues the runs kept on this host: not with --ray", param_hint="--resume")
     from casebook.commands import run_many
 
     flags = argv_of(ctx, drop=MANY, arguments=[])[2:]
     raise typer.Exit(run_many.main(paths, devices=[d.strip() for d in devices.split(",") if d.strip()] if devices
                                    else None, ray_address=ray, hardware=hardware, variants=variant, quick=quick,
                                    counters=counters, json_out=json_out, results_dir=results, timeout=timeout,
-                                   save=save, force=force, flags=flags))
+                                   save=save, force=force, flags=flags, resume=resume))
 
 
 @app.command(short_help='Store a kept run in results/.')

@@ -127,7 +127,9 @@ def meaning(value: Any) -> Any:
 
 
 def stale_reasons(result: Result, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:
-    """Why a stored result no longer describes the current case and kernel (empty: it does)."""
+    """Why a stored result no longer describes the current case and kernel (empty: it does). The kernel module is
+    read from `kernels_dir`, else where a run's children import it from (`kernel_source`: the package's folder,
+    then CASEBOOK_KERNELS_PATH's)."""
     reasons = []
     if result.measurement_sha256 is not None:
         if result.measurement_sha256 != measurement_sha256(case):
@@ -135,8 +137,9 @@ def stale_reasons(result: Result, case_path: str | Path, case: Any, kernels_dir:
     elif result.case_sha256 != case_sha256(case_path):
         reasons.append(f"the case file {Path(case_path).name} changed since the run")
     module = case.kernel.module
-    if not kernel_path(module, kernels_dir).is_file():
+    source = kernel_path(module, kernels_dir) if kernels_dir else kernel_source(module)
+    if source is None or not source.is_file():
         reasons.append(f"the kernel module {module}.py is missing")
-    elif result.kernel_sha256 != kernel_sha256(module, kernels_dir, result.kernel_modules or ()):
+    elif result.kernel_sha256 != kernel_sha256(module, source.parent, result.kernel_modules or ()):
         reasons.append(f"the kernel module {module}.py changed since the run")
     return reasons

@@ -22,18 +22,42 @@ def measure_case(case: Path, args: dict, progress) -> dict:
     """The work of one pool worker or Ray task: `casebook run CASE` measured, with the single-case command
     line that reproduces it (`args["flags"]`: the options it ran with). Its result as plain JSON data
     (`results.document`), to cross the pipe or Ray back to the caller, which validates it (`land`)."""
-    from casebook.commands.run import measure
+    from casebook.commands.run import last_cut_short, measure
+    from casebook.load import load_case
     from casebook.results import document
 
     argv = ["casebook", "run", Path(case).as_posix(), *args["flags"]]
+    loaded = load_case(case)
+    earlier = last_cut_short(loaded) if args.get("resume") else None
     return document(measure(case, variants=args["variants"], quick=args["quick"], counters=args["counters"],
                             timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None,
-                            ceilings=args.get("ceilings")))
+                            ceilings=args.get("ceilings"), loaded=loaded,
+                            resume=earlier[1] if earlier else None))
 
 
-def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> list[Job] | None:
+def current_result(path: Path, case, results_dir: Path) -> Path | None:
+    """The stored result of `case` for this machine, where it is current: complete, and of the case and kernel as
+    they are now. What a resumed run of many cases leaves alone (a job cut short by its time limit is followed by
+    the same command, which measures what is left)."""
+    from casebook import results
+    from casebook.provenance import stale_reasons
+    from casebook.run import hardware
+
+    stored = results.result_path(results_dir, hardware.identify(devices=case.kernel.devices)["slug"], case.id)
+    if not stored.is_file():
+        return None
+    try:
+        result = results.load(stored)
+    except ValueError:
+        return None
+    return stored if result.complete is not False and not stale_reasons(result, path, case) else None
+
+
+def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool,
+            skip_current: bool = False) -> list[Job] | None:
     """A job a case, taking the devices its `topology.devices` names; None (after every problem printed,
-    `file:line: field: message`) where any case does not load or would not end well (`casebook.run.preflight`)."""
+    `file:line: field: message`) where any case does not load or would not end well (`casebook.run.preflight`).
+    `skip_current`: no job for a case whose stored result is current here (`current_result`), said so."""
     from rich.text import Text
 
     from casebook.commands.run import preflight_problem
@@ -48,6 +72,9 @@ def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> l
             print_problems(getattr(e, "errors", None) or [e], say)
             bad = True
             continue
+        if skip_current and (stored := current_result(Path(path), case, results_dir)):
+            say.print(f"{path}: current ({stored}), not measured again (`--force` measures it)", highlight=False)
+            continue
         if why := preflight_problem(Path(path), results_dir, save):
             say.print(Text(why, style="red"))
             bad = True
@@ -58,14 +85,19 @@ def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool) -> l
 
 def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | None, hardware: str | None,
          variants, quick: bool, counters: bool, json_out: bool, results_dir: Path, timeout: float, save: bool,
-         force: bool, flags: list[str]) -> int:
-    jobs = jobs_of(paths, console, results_dir, save)
+         force: bool, flags: list[str], resume: bool = False) -> int:
+    """`resume`: each case's run cut short on this host goes on (`casebook run CASE --resume`), and with --save a
+    case whose stored result is current here is left alone (unless --force): the same command, run again after
+    a job's time limit ended it, measures what is left."""
+    jobs = jobs_of(paths, console, results_dir, save, skip_current=resume and save and not force)
     if jobs is None:
         return 2
     if not jobs:
-        console.print("no cases to run", highlight=False)
-        return 2
-    args = {"variants": variants, "quick": quick, "counters": counters, "timeout": timeout, "flags": flags}
+        console.print("every case is current here: nothing to measure" if resume else "no cases to run",
+                      highlight=False)
+        return 0 if resume else 2
+    args = {"variants": variants, "quick": quick, "counters": counters, "timeout": timeout, "flags": flags,
+            "resume": resume}
     landed: dict[Path, dict] = {}
 
     def land(o: Outcome) -> None:
