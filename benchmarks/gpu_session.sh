@@ -62,6 +62,12 @@
 #                                                 # job on a fresh machine (ceilings included), each point's
 #                                                 # harness cost, the job stopped at 60 s and resumed, the
 #                                                 # quick ceilings against the thorough ones
+#   bash benchmarks/gpu_session.sh book           # issue 44: the book refreshed, `casebook run --all --save
+#                                                 # --resume` until DEADLINE, then every case's status; run
+#                                                 # with CASEBOOK_CACHE=.cbcache and carry `.cbcache` from one
+#                                                 # call to the next (compiled kernels, autotuning picks, the
+#                                                 # runs cut short): it comes back as cache.tgz(.part-*), to
+#                                                 # unpack into .cbcache here before the next call
 #   bash benchmarks/gpu_session.sh pool           # on a host of several GPUs: the whole book side by side,
 #                                                 # one worker a GPU (casebook run --all --save), the table
 #                                                 # of what ran where, whether the GPUs' ceilings agree
@@ -324,6 +330,18 @@ case "${1:-}" in
       echo "ceilings: exit $?"; cat "$out/logs/ceilings.txt"
     fi
     kill $smi ;;
+  book)  # issue 44: the book's own refresh, one command run again in each call until nothing is left; what it
+          # stored comes back in results.tgz, the cache (kept runs cut short included) as cache.tgz
+    end=${DEADLINE:-540}
+    timeout -s TERM $((end - 40 - SECONDS)) python3 -m casebook.cli run --all --save --resume --counters \
+      --results "$out/results" > "$out/logs/book.txt" 2> "$out/logs/book.err"
+    echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
+    cp -r "$out/results/." results/ 2>/dev/null  # this copy of the tree: what `check` says of the book now
+    timeout 60 python3 -m casebook.cli check > "$out/logs/check.txt" 2>&1; tail -1 "$out/logs/check.txt"
+    tar -czf "$out/cache.tgz" -C "$CASEBOOK_CACHE" . 2>/dev/null
+    if [ "$(stat -c %s "$out/cache.tgz")" -gt 15000000 ]; then
+      split -b 15000000 "$out/cache.tgz" "$out/cache.tgz.part-" && rm "$out/cache.tgz"
+    fi ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
          # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
          # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200
@@ -332,7 +350,7 @@ case "${1:-}" in
       > "$out/logs/pool.txt" 2> "$out/logs/pool.err"
     echo "pool: exit $?"; cat "$out/logs/pool.txt"
     grep -E "ceilings|case\(s\) in|crashed|trying it once more" "$out/logs/pool.err" | tail -20 ;;
-  *) echo "usage: $0 pace|trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|decode-stage|paged-prefix|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 pace|book|trust|softmax|softmax-rerun|softmax-pair|softmax-full|softmax-run|softmax-persist|softmax-cluster|checks|gemm|gemm-runs|pingpong|tma-rows|epilogue|epilogue-case|grouped|tiled|xent|xent-linear|transpose|transpose-sectors|decode|norms-rms|norms-fused|norms-layer|layout|transpose-run|decode-run|norms-xent|decode-stage|paged-prefix|attention-prefill|attention-decode|attention-paged|attention-paged-sectors|attention-prefix|attention-smoke|pool|allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
