@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import re
 import shlex
 from dataclasses import asdict, replace
@@ -32,7 +33,7 @@ from casebook.run.bench import (
     l2_flush_bytes,
 )
 from casebook.run.distributed import LOCKSTEP
-from casebook.run.plan import SEED, traffic_task
+from casebook.run.plan import CPU_MALLOC, SEED, traffic_task
 from casebook.tolerance import ROW_TOLERANCE, TOLERANCE
 from casebook.traffic import INTENSITY_TOLERANCE
 
@@ -116,7 +117,9 @@ def assemble(run: dict, protocol: Protocol, groups: dict, outcomes: dict, comple
                                        for d in {*case.levels.kernel.dtypes, case.levels.workload.dtype}},
                     "isolation": "one child process per variant, which only runs it; the reference in another, "
                                  "which never runs a variant; outputs judged and times summarised in the parent; a "
-                                 "crash or hang is recorded and the rest goes on",
+                                 "crash or hang is recorded and the rest goes on" + (
+                                     "" if on_gpu else "; glibc's allocator kept warm in a child timed on the CPU "
+                                     f"(GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES') or CPU_MALLOC})"),
                     "transport": run.get("crossing"),
                     "correctness": "2 calls on fresh random inputs before timing, 2 timed repetitions sampled as they "
                                    "returned and 1 kept after an input set was blended at random places, 1 call "

@@ -151,7 +151,8 @@ def _variant_done(g: dict, mine: list, name: str, t0: float, progress: Progress)
 
 def _child_env(g: dict, case: Case) -> dict:
     """A variant's child's environment (`variant_env`)."""
-    return variant_env(interpreted=g["device"] == "cpu" and not g["timed"], devices=case.kernel.devices)
+    on_cpu = g["device"] == "cpu"
+    return variant_env(interpreted=on_cpu and not g["timed"], devices=case.kernel.devices, cpu=on_cpu and g["timed"])
 
 
 def _variant_worker(g: dict, case: Case) -> Worker:
@@ -171,7 +172,8 @@ def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: floa
         def paired(i, payload):
             progress("task", {"task": pairs[i], "payload": payload})
 
-        payloads = execute(pairs, timeout_s=timeout_s, env=variant_env(interpreted=False, devices=case.kernel.devices),
+        env = variant_env(interpreted=False, devices=case.kernel.devices, cpu=not run["on_gpu"])
+        payloads = execute(pairs, timeout_s=timeout_s, env=env,
                            on_done=paired, loaded=run["loaded"], answers=run["answers"])
         run["pairs"] = list(zip(pairs, payloads))
     return outcomes

@@ -76,7 +76,17 @@ COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "tr
 """Where Inductor's and Triton's compiled kernels are kept, under casebook's cache (the caller's choice wins)."""
 
 
-def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
+CPU_MALLOC = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
+"""glibc's allocator for a child timed on a CPU: blocks up to 32 MiB from the heap, and the heap not handed back
+to the system under 256 MiB free. By default a freed block of over 128 KiB goes back to the system and the
+next call faults fresh zeroed pages in, or not, as the allocator's sliding threshold stands: the rmsnorm case's
+eager rung at 64 x 4096 bf16 timed bimodally, 265 or 1100-1300 us within one point, and `casebook check`
+refused it as unstable; pinned to one core, 200 calls read p10-p90 481-1331 us by default and 277-397 us with
+these settings. A kernel is timed as it runs in a process whose allocator is warm (a server's, or
+jemalloc's and tcmalloc's as PyTorch's CPU guides advise), not on its page faults."""
+
+
+def variant_env(*, interpreted: bool, devices: int = 1, cpu: bool = False) -> dict[str, str]:
     """Environment of a variant's child process. Triton's interpreter where Triton kernels are checked
     on a CPU. The compilers' caches under casebook's cache unless the caller chose others (`COMPILE_CACHES`),
     with Triton's autotuning picks kept there too (`TRITON_CACHE_AUTOTUNING`): torch.compile and
@@ -84,7 +94,8 @@ def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
     runs measure the same kernels instead of re-deciding per process, and a second run on a machine does not
     compile and tune again (on the H200 the softmax ladder's first calls, compilation and autotuning, were
     164 s of a fresh run's 280 s of points). A multi-device case's children are told its device count
-    (`CASEBOOK_DEVICES`): the reference's child makes every rank's inputs without joining the ranks."""
+    (`CASEBOOK_DEVICES`): the reference's child makes every rank's inputs without joining the ranks. A child
+    that times on a CPU (`cpu`) gets a warm allocator (`CPU_MALLOC`), unless the caller set GLIBC_TUNABLES."""
     env = {"TRITON_INTERPRET": "1"} if interpreted else {}
     if devices > 1:
         env["CASEBOOK_DEVICES"] = str(devices)
@@ -93,6 +104,8 @@ def variant_env(*, interpreted: bool, devices: int = 1) -> dict[str, str]:
             env[var] = str(paths.CACHE_DIR / folder)
     if "TRITON_CACHE_AUTOTUNING" not in os.environ:
         env["TRITON_CACHE_AUTOTUNING"] = "1"
+    if cpu and "GLIBC_TUNABLES" not in os.environ:
+        env["GLIBC_TUNABLES"] = CPU_MALLOC
     return env
 
 
