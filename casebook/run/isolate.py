@@ -133,19 +133,22 @@ _STARTING = threading.Lock()
 
 
 @contextlib.contextmanager
-def _with_token(token: str):
-    """This process's environment holds `token` while a child is started, so the child's initial environment does:
+def _started_with(env: dict[str, str]):
+    """This process's environment holds `env` while a child is started, so the child's initial environment does:
     the block `/proc/<pid>/environ` shows, which a process forked from the child without exec keeps whatever it
-    sets later (a token set in the child after its start was not there, and such a grandchild escaped the hunt)."""
-    before = os.environ.get(TOKEN_ENV)
-    os.environ[TOKEN_ENV] = token
+    sets later (a token set in the child after its start was not there, and such a grandchild escaped the hunt),
+    and what the C library and the dynamic loader read once, as the process starts (`GLIBC_TUNABLES`: set in the
+    child after its start, it changed nothing)."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(TOKEN_ENV, None)
-        else:
-            os.environ[TOKEN_ENV] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class Worker:
@@ -189,9 +192,9 @@ class Worker:
         self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid(),
                                                       self.spill), daemon=True)
         try:
-            with _STARTING:  # the token in the environment the child is started with: see `_with_token`
+            with _STARTING:  # the token and env in the environment the child starts with: see `_started_with`
                 resource_tracker.ensure_running()  # started before, never with a child's token: shared by all
-                with _with_token(self.token):
+                with _started_with({**self.env, TOKEN_ENV: self.token}):
                     self.proc.start()
         except BaseException:
             self.proc = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from pathlib import Path
 
 import pytest
 from test_transport import _frames, json_dumps  # one pipe of framed messages for both files' tests
@@ -32,6 +33,9 @@ def worker(task: str) -> dict:
         raise ValueError("bad shape")
     elif task == "env":
         return {"status": "ok", "pid": os.getpid(), "value": os.environ.get("CASEBOOK_TEST_ENV")}
+    elif task == "initial env":  # the environment the process started with, as the C library read it
+        with open(f"/proc/{os.getpid()}/environ", "rb") as f:
+            return {"status": "ok", "initial": b"CASEBOOK_TEST_ENV=at start" in f.read().split(b"\0")}
     elif task in ("large", "spill then die"):
         import torch
 
@@ -295,6 +299,17 @@ def test_a_child_started_ahead_answers_its_first_request():
         assert w.request("a", timeout_s=30)["pid"] == pid
         w.start()
         assert w.proc.pid == pid, "started once"
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_the_child_starts_with_its_environment():
+    """A child's environment is its own from its first instruction: what the C library and the loader read once,
+    at the start (`GLIBC_TUNABLES`, for the warm allocator of a CPU timing), set after it changed nothing."""
+    from casebook.run.isolate import Worker
+
+    with Worker(worker, {"CASEBOOK_TEST_ENV": "at start"}) as w:
+        assert w.request("initial env", timeout_s=30) == {"status": "ok", "initial": True}
+    assert "CASEBOOK_TEST_ENV" not in os.environ, "the parent's own environment is as it was"
 
 
 def test_a_fifo_in_place_of_a_spilled_file_is_refused_at_once(tmp_path, monkeypatch):
