@@ -46,6 +46,7 @@ _ctx = mp.get_context("spawn")
 MAX_ROOM = 64 * 2**30
 """The most device memory a growable loan (the reference's answers) is enlarged to."""
 
+
 class CannotLend(RuntimeError):
     """The memory a request's answer needs cannot be lent (the device is full): that request fails, not the run."""
 

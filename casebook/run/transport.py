@@ -592,9 +592,10 @@ class Arena:
         """A loan of `room` bytes to `borrower`: the grant the child opens. A growable loan (`grow`) is of all the
         arena holds, and the child may ask for more."""
         if self.memory is None or self.memory.nbytes < room:
+            fresh = self.memory_type(max(aligned(room), ALIGN))  # where it cannot be had, the arena is as it was
             if self.memory is not None:
                 self.retired.append(self.memory)  # the child may still map it: freed once it has moved on
-            self.memory = self.memory_type(max(aligned(room), ALIGN))
+            self.memory = fresh
             self.memory.zero()  # fresh memory holds whatever its last owner left
             self.borrower = borrower
         elif borrower != self.borrower:

@@ -378,6 +378,10 @@ def test_memory_that_cannot_be_lent_fails_the_request_not_the_run(shm):
         pid = worker.proc.pid
         answer = worker.request(("tensors",), 60, room=64 * 1024)
         assert answer["status"] == "ok" and worker.proc.pid == pid and worker.arena.taken == 7
+        assert worker.request(("tensors",), 60, room=2**21)["status"] == "crashed", "no larger memory to be had"
+        for taken in (14, 21):  # the memory it had is still lent, whole, and still there after the child moves on
+            again = worker.request(("tensors",), 60, room=64 * 1024)
+            assert again["status"] == "ok" and worker.arena.taken == taken, (again, worker.crossing_error)
     assert list(shm.iterdir()) == []
 
 
