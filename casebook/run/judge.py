@@ -14,7 +14,7 @@ import math
 from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
 from casebook.run.check import TORCH_DTYPES, CheckFailed, compare_output
 from casebook.run.inputs import blends
-from casebook.run.transport import Unsent, digest, give_back_device_memory
+from casebook.run.transport import Unsent, digest
 from casebook.stats import summarize
 from casebook.tolerance import TOLERANCE
 
@@ -113,14 +113,6 @@ def judged_on(device: str) -> str | None:
 def _count(x) -> bool:
     """A byte count as a child may report one: a non-negative integer."""
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def release(device: str, keeping: int = 0) -> None:
-    """What judging a GPU's outputs left in the parent's allocator, handed back before the next task (the
-    variant's child needs the device's memory): the parent holds only the `keeping` bytes of its kept answers
-    between tasks."""
-    if device == "cuda":
-        give_back_device_memory(keeping)
 
 
 ERROR_MAX = 2000

@@ -314,7 +314,7 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     raw.pop("calls", None)  # the outputs: judged, and let go before the next point
     raw.pop("rank_calls", None)
     del reference
-    judge.release(task.device, keeping=answers.held)
+    transport.give_back_device_memory(keeping=answers.held)  # the parent holds only its kept answers between tasks
     t2 = time.perf_counter()
     ranks = raw.get("rank_times_us") if isinstance(raw.get("rank_times_us"), list) else []
     timed_s = max([_timed_s(raw.get("times_us"))] + [_timed_s(r) for r in ranks])  # ranks time side by side
