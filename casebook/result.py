@@ -55,6 +55,12 @@ class Interference(Record):
         default=None, description="Multi-device runs: CPU seconds of the sibling ranks and their launcher, left "
                                   "out of other_cpu_s.")
     gpu: GpuState | None = Field(default=None, description="On a GPU: its clocks and other tenants after the timing.")
+    late_reps: int | None = Field(
+        default=None, description="On a GPU: repetitions whose call the host issued after the device-side delay ran "
+                                  "out (the device idled inside their time), left out of the times and replaced.")
+    late_reps_kept: int | None = Field(
+        default=None, description="Such repetitions kept in the times, as they were the majority: the delay does not "
+                                  "hide this call's host time (a call that waits for the device itself).")
 
 
 class TrafficTerm(Record):

@@ -5,11 +5,13 @@ the first correctness check); warm-up until steady; L2 flushed before every
 repetition unless the case asks for a warm cache; device events on a GPU, a monotonic clock on a CPU;
 repetitions until the median is stable or the time cap is hit; median, p10, p90 and CV kept.
 
-On a GPU the timing is the device's: the host's time to issue the call is measured during warm-up and
-hidden behind a device-side delay before each repetition (`host_slack_us`), so a slow or jittery host
-neither adds to nor scatters the time. The host's own time to issue a call is kept beside it
-(`Timing.host_us`; casebook.roofline files a point under "launch" where it exceeds every floor). A
-call that waits for the device itself (a copy to the host) cannot be hidden: its time includes the
+On a GPU the timing is the device's: the host's time to issue the call is measured during warm-up and hidden
+behind a device-side delay before each repetition (`host_slack_us`), so a slow or jittery host neither adds to
+nor scatters the time. A repetition whose call the host issued after its delay ran out (a host pause: the
+first use of some code, the scheduler) let the device idle inside its time: it is left out, and another taken,
+while such repetitions are few (`Timing.interference["late_reps"]`). The host's own time to issue a call is
+kept beside it (`Timing.host_us`; casebook.roofline files a point under "launch" where it exceeds every
+floor). A call that waits for the device itself (a copy to the host) cannot be hidden: its time includes the
 host's, as it would in a loop.
 """
 
@@ -151,6 +153,8 @@ class Step:
     align: Callable[[], object] | None = None
     """After the flush: the ranks of a multi-device case meet (`Protocol.rank_barrier`)."""
     sleep_cycles: int = 0
+    ts: int = 0
+    """When the device-side delay was issued, in ns: a call issued later than the delay lasts ran late."""
     start: object = None
     end: object = None
     sync: str | None = None
@@ -179,6 +183,7 @@ def drive(call: Callable[[], object], schedule) -> object:
         if step.align is not None:
             step.align()
         if step.sleep_cycles:
+            step.ts = _perf_counter_ns()
             torch.cuda._sleep(step.sleep_cycles)
         if step.start is not None:
             _event_record(step.start)
@@ -216,6 +221,9 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
     The first call (JIT / autotune / compile, for a caller that has not called yet) is outside the timing;
     then warm-up until steady, the host's issue time (GPU), and repetitions until the median is stable."""
     observe = observe or _ignore
+    cold = protocol.cache == "cold"
+    if device == "cuda" and not protocol.graph:
+        _warm_sampler(cold)
     yield Step(prepare=prepare, sync=device)
     deadline = _perf_counter_ns() + protocol.warmup_ms * 1e6
     host: list[float] = []
@@ -231,7 +239,6 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
         for st in steps:
             yield st
         host_us = min(float(np.median(host)), float(np.median([(s.t1 - s.t0) / 1e3 for s in steps])))
-    cold = protocol.cache == "cold"
     align = _rank_barrier(device) if protocol.rank_barrier else None
     if device != "cuda":
         sample, timer = _cpu_sampler(cold, prepare, align), "time.perf_counter_ns"
@@ -242,18 +249,39 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
         slack = slack_us(host, protocol.host_slack_us)
         sample, timer = _cuda_sampler(cold, slack, prepare, align), "cuda events"
 
-    times: list[float] = []
+    reps: list[tuple[float, bool]] = []  # (time, whether the host issued the call after its delay ran out)
     window = interference.Window()
     cap = _perf_counter_ns() + protocol.time_cap_s * 1e9
     batch = protocol.min_reps
     while True:
-        times.extend((yield from sample(batch, observe)))
+        reps.extend((yield from sample(batch, observe)))
+        times = [t for t, late in reps if not late]
         enough = len(times) >= protocol.min_reps
-        if enough and (median_stable(times, protocol.target_ci) or len(times) >= protocol.max_reps
-                       or _perf_counter_ns() > cap):
+        if ((enough and median_stable(times, protocol.target_ci)) or len(reps) >= protocol.max_reps
+                or (_perf_counter_ns() > cap and len(reps) >= protocol.min_reps)):
             break
-        batch = min(max(batch, len(times)), protocol.max_reps - len(times))
-    return Timing(summarize(times), timer, host_us, slack, window.close(), times=times)
+        batch = min(max(batch, len(reps)), protocol.max_reps - len(reps))
+    late = len(reps) - len(times)
+    readings = window.close()
+    if late > len(times):  # the delay does not hide this call's host: every repetition kept
+        times = [t for t, _ in reps]
+        readings["late_reps_kept"] = late
+    elif late:
+        readings["late_reps"] = late
+    return Timing(summarize(times), timer, host_us, slack, readings, times=times)
+
+
+def _warm_sampler(cold: bool) -> None:
+    """What the device-event sampler uses, made and run once before the warm-up: the flush buffer (allocated the
+    first time), the device-side delay and the events (each loaded at its first use). Made inside the timing, the
+    first repetition followed a host pause of ~80 ms (measured on an H200) in which the device idled, and timed
+    slow."""
+    if cold:
+        _get_flusher()()
+    torch.cuda._sleep(1000)
+    start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
+    _event_record(start)
+    _event_record(end)
 
 
 def _rank_barrier(device: str) -> Callable[[], None]:
@@ -272,7 +300,7 @@ def _passive(sampler: Callable[[int], list[float]]):
     """A sampler that makes its calls itself (a graph's replays), as a schedule's step."""
 
     def sample(n: int, observe):
-        return sampler(n)
+        return [(t, False) for t in sampler(n)]
         yield  # a generator that asks `drive` for no call
 
     return sample
@@ -321,7 +349,9 @@ def slack_us(host_times_us: list[float], fixed: float | None = None) -> float:
 
 def _cuda_sampler(flush: bool, slack: float, prepare=None, align=None):
     """Repetitions timed by device events, each behind an L2 flush (cold) and a device-side delay that hides
-    the host's issue time; the events are made before the batch and read after it."""
+    the host's issue time; the events are made before the batch and read after it. Each time comes with whether
+    the host issued the call later than the delay lasts (from the delay's issue to the call's return): then the
+    device may have idled between the start event and the call."""
     flusher = _get_flusher() if flush else None
     cycles = int(slack * 2000)  # at least `slack` us at any SM clock up to 2 GHz
 
@@ -331,7 +361,7 @@ def _cuda_sampler(flush: bool, slack: float, prepare=None, align=None):
         steps[-1].sync = "cuda"
         for st in steps:
             observe((yield st))
-        return [_event_elapsed(s.start, s.end) * 1e3 for s in steps]
+        return [(_event_elapsed(s.start, s.end) * 1e3, (s.t1 - s.ts) / 1e3 > slack) for s in steps]
 
     return sample
 
@@ -392,7 +422,7 @@ def _cpu_sampler(flush: bool, prepare=None, align=None):
         steps = [Step(prepare=prepare, flush=_cpu_flush if flush else None, align=align) for _ in range(n)]
         for st in steps:
             observe((yield st))
-        return [(s.t1 - s.t0) / 1e3 for s in steps]
+        return [((s.t1 - s.t0) / 1e3, False) for s in steps]
 
     return sample
 

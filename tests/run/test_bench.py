@@ -31,15 +31,17 @@ def fake_gpu(monkeypatch):
 
     def sampler(flush, slack, prepare=None, align=None):
         seen["slack"] = slack
+        late = iter(seen.get("late", []))
 
         def sample(n, observe):
             for _ in range(n):
                 observe((yield bench.Step()))
-            return [1.0] * n
+            return [(50.0, True) if next(late, False) else (1.0, False) for _ in range(n)]
 
         return sample
 
     monkeypatch.setattr(bench, "_sync", lambda device: None)
+    monkeypatch.setattr(bench, "_warm_sampler", lambda cold: None)
     monkeypatch.setattr(bench, "_cuda_sampler", sampler)
     return seen
 
@@ -49,6 +51,37 @@ def test_gpu_timing_measures_the_host_in_warm_up_and_hides_it(fake_gpu):
     assert 2000 <= t.host_us < 20000
     assert fake_gpu["slack"] == t.slack_us >= HOST_SLACK_MARGIN * 2000
     assert t.summary.median_us == 1.0  # the device's time, not the host's
+
+
+def test_a_repetition_the_host_issued_late_is_left_out_and_replaced(fake_gpu):
+    fake_gpu["late"] = [False, True, False, False, True]  # two of the first five ran past their delay
+    t = time_fn(lambda: None, "cuda", replace(QUICK, max_reps=20))
+    assert len(t.times) >= QUICK.min_reps and set(t.times) == {1.0}  # more taken; none of the slow two
+    assert t.interference["late_reps"] == 2 and "late_reps_kept" not in t.interference
+
+
+def test_a_call_the_delay_never_hides_keeps_every_repetition_and_says_so(fake_gpu):
+    fake_gpu["late"] = [True] * 100  # the host's issue always outlasts the delay (a call that waits on the device)
+    t = time_fn(lambda: None, "cuda", replace(QUICK, max_reps=8))
+    assert t.times == [50.0] * 8  # bounded by max_reps, and kept: the time includes the host, as it would in a loop
+    assert t.interference["late_reps_kept"] == 8 and "late_reps" not in t.interference
+
+
+def test_a_few_late_repetitions_among_many_are_left_out(fake_gpu):
+    fake_gpu["late"] = [True, False, False, True, False]
+    t = time_fn(lambda: None, "cuda", replace(QUICK, max_reps=5))  # the cap: five made, three on time
+    assert t.times == [1.0] * 3 and t.interference["late_reps"] == 2
+
+
+def test_the_drive_stamps_when_the_delay_was_issued(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+    step = bench.Step(sleep_cycles=1000)
+
+    def schedule():
+        yield step
+
+    bench.drive(lambda: time.sleep(0.001), schedule())
+    assert 0 < step.ts <= step.t0 < step.t1 and step.t1 - step.ts >= 1_000_000
 
 
 def test_a_fixed_delay_is_kept_as_given(fake_gpu):

@@ -269,3 +269,19 @@ def test_a_point_leaves_no_tensor_in_a_reference_cycle(monkeypatch):
         gc.garbage.clear()
         gc.enable()
     assert cycled == []
+
+
+def test_the_first_blend_of_each_kind_of_inputs_is_made_on_a_copy_before_timing(monkeypatch):
+    import torch
+
+    from casebook.run import child
+
+    made = []
+    monkeypatch.setattr(child, "_BLENDS_WARM", set())
+    monkeypatch.setattr(child.inputs_mod, "blend", lambda inputs, seed: made.append(inputs))
+    x = {"x": torch.ones(4, 8), "w": torch.ones(8)}
+    child._warm_blend(x)
+    child._warm_blend({"x": torch.zeros(2, 2), "w": torch.zeros(2)})  # the same kind: already warm
+    assert len(made) == 1 and made[0]["x"] is not x["x"] and torch.equal(made[0]["x"], x["x"])
+    child._warm_blend({"x": torch.ones(4, 8, dtype=torch.bfloat16), "w": torch.ones(8)})
+    assert len(made) == 2
