@@ -63,8 +63,9 @@ def own_cpu_s() -> float:
 
 _run_processes: tuple[int, ...] = ()
 """Processes of this run besides this one, whose CPU time (and their descendants') a window counts as the
-run's own, not the others': a rank's sibling ranks and the process that launched them
-(`casebook.run.distributed`). Empty in a single-process run."""
+run's own, not the others': in a variant's child, its parent and the parent's other children (the reference's,
+the next variant's starting: `casebook.run.isolate`); in a rank, its sibling ranks and the process that launched
+them (`casebook.run.distributed`). Empty in a process that times in itself (the ceilings)."""
 
 
 def count_as_own(pids) -> None:

@@ -27,6 +27,7 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable
 
+from casebook.run.interference import count_as_own
 from casebook.run.transport import (
     BadMessage,
     LoanLost,
@@ -84,6 +85,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
         os._exit(1)
     os.environ.update(env)
     _conn = conn
+    count_as_own([parent])  # the run's other processes (the parent, the reference's child, the next variant's)
     send(conn, {"ready": True})
     while True:
         try:

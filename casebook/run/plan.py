@@ -93,7 +93,9 @@ def variant_env(*, interpreted: bool, devices: int = 1, cpu: bool = False) -> di
     `triton.autotune` benchmark candidate kernels at their first call and keep the winner, so consecutive
     runs measure the same kernels instead of re-deciding per process, and a second run on a machine does not
     compile and tune again (on the H200 the softmax ladder's first calls, compilation and autotuning, were
-    164 s of a fresh run's 280 s of points). A multi-device case's children are told its device count
+    164 s of a fresh run's 280 s of points). Inductor compiles in the child itself (`TORCHINDUCTOR_COMPILE_THREADS`
+    1): its pool of compiling processes, busy beside the timing, took up to a core and left the timing thread
+    waiting for a CPU 22% of a timing on a 16-core H200 host. A multi-device case's children are told its device count
     (`CASEBOOK_DEVICES`): the reference's child makes every rank's inputs without joining the ranks. A child
     that times on a CPU (`cpu`) gets a warm allocator (`CPU_MALLOC`), unless the caller set GLIBC_TUNABLES."""
     env = {"TRITON_INTERPRET": "1"} if interpreted else {}
@@ -104,6 +106,8 @@ def variant_env(*, interpreted: bool, devices: int = 1, cpu: bool = False) -> di
             env[var] = str(paths.CACHE_DIR / folder)
     if "TRITON_CACHE_AUTOTUNING" not in os.environ:
         env["TRITON_CACHE_AUTOTUNING"] = "1"
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     if cpu and "GLIBC_TUNABLES" not in os.environ:
         env["GLIBC_TUNABLES"] = CPU_MALLOC
     return env

@@ -114,16 +114,16 @@ def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
 
 
 def test_variant_env_keeps_the_compilers_choices_in_casebooks_cache(monkeypatch, tmp_path):
-    for var in (*plan.COMPILE_CACHES, "TRITON_CACHE_AUTOTUNING", "GLIBC_TUNABLES"):
+    for var in (*plan.COMPILE_CACHES, "TRITON_CACHE_AUTOTUNING", "TORCHINDUCTOR_COMPILE_THREADS", "GLIBC_TUNABLES"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     caches = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
-              "TRITON_CACHE_AUTOTUNING": "1"}
+              "TRITON_CACHE_AUTOTUNING": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     assert plan.variant_env(interpreted=True) == {"TRITON_INTERPRET": "1", **caches}
     assert plan.variant_env(interpreted=False) == caches
     assert plan.variant_env(interpreted=False, cpu=True) == {**caches, "GLIBC_TUNABLES": plan.CPU_MALLOC}
     for var in (*caches, "GLIBC_TUNABLES"):  # the caller's choice wins
-        monkeypatch.setenv(var, "0" if var == "TRITON_CACHE_AUTOTUNING" else "/elsewhere")
+        monkeypatch.setenv(var, "/elsewhere" if var.endswith("_DIR") or var == "GLIBC_TUNABLES" else "2")
     assert plan.variant_env(interpreted=False, cpu=True) == {}
 
 
