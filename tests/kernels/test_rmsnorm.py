@@ -94,7 +94,7 @@ class Spy:
 @pytest.fixture
 def launches(monkeypatch) -> list:
     seen: list = []
-    for name in ("_rows_kernel", "_streaming_rows_kernel", "_chunked_rows_kernel"):
+    for name in ("_rows_kernel", "_chunked_rows_kernel"):
         monkeypatch.setattr(mod, name, Spy(name, getattr(mod, name), seen))
     return seen
 
@@ -102,15 +102,13 @@ def launches(monkeypatch) -> list:
 @pytest.fixture
 def short_rows(monkeypatch):
     """Thresholds a sixteenth of the GPU's, so that the interpreter reaches every path in seconds."""
-    monkeypatch.setattr(mod, "STREAM_ABOVE", 1024)
     monkeypatch.setattr(mod, "MAX_ONEPASS", 2048)
     monkeypatch.setattr(mod, "INTERPRETER_CHUNK", 256)
 
 
 @pytest.mark.parametrize("case, fn", [("rmsnorm", "triton_long"), ("rmsnorm_residual", "triton_long_residual")])
-@pytest.mark.parametrize("cols, path", [(1000, "_rows_kernel"), (1025, "_streaming_rows_kernel"),
-                                        (2048, "_streaming_rows_kernel"), (2049, "_chunked_rows_kernel"),
-                                        (5000, "_chunked_rows_kernel")])
+@pytest.mark.parametrize("cols, path", [(1000, "_rows_kernel"), (2048, "_rows_kernel"),
+                                        (2049, "_chunked_rows_kernel"), (5000, "_chunked_rows_kernel")])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_long_rows_take_each_path(case, fn, cols, path, dtype, launches, short_rows):
     c = run_check(case, fn, 5, cols, dtype)
@@ -118,17 +116,9 @@ def test_long_rows_take_each_path(case, fn, cols, path, dtype, launches, short_r
     assert set(launches) == {path}
 
 
-def test_fp32_rows_too_long_to_stream_take_the_onepass_kernel(launches, monkeypatch):
-    monkeypatch.setattr(mod, "STREAM_ABOVE", 1024)
-    monkeypatch.setattr(mod, "STREAM_SHARED_BYTES", 2 * 2048 * 2)  # two bf16 rows of 2048 fit, fp32 do not
-    assert run_check("rmsnorm", "triton_long", 3, 2048, "bf16").correct
-    assert run_check("rmsnorm", "triton_long", 3, 2048, "fp32").correct
-    assert launches == ["_streaming_rows_kernel"] * 2 + ["_rows_kernel"] * 2  # a check calls twice (two seeds)
-
-
 def test_the_real_thresholds_at_full_length():
-    """One row past 16K and one past 32K columns at the module's own thresholds (a few seconds each)."""
-    for cols in (mod.STREAM_ABOVE + 1, mod.MAX_ONEPASS + 1):
+    """A 32K row and one past it at the module's own threshold (a few seconds each)."""
+    for cols in (mod.MAX_ONEPASS, mod.MAX_ONEPASS + 1):
         assert run_check("rmsnorm_residual", "triton_long_residual", 2, cols, "bf16").correct, cols
 
 
