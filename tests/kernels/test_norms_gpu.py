@@ -1,7 +1,7 @@
-"""The norm family's GPU paths (autotuned configs, the streaming and chunked kernels at their real
-thresholds, 4-row atomic programs, 2 programs per SM) at awkward shapes, without the interpreter; and the
+"""The norm family's GPU paths (autotuned configs, the one-pass kernel to 32K columns and the chunked one
+beyond, 4-row atomic programs, 2 programs per SM) at awkward shapes, without the interpreter; and the
 GPU-only rungs (Liger, torch's fused RMSNorm backward, torch.compile). Skipped without a GPU; run on one
-with `python3 -m pytest -q tests/kernels/test_norms_gpu.py` (benchmarks/gpu_session.sh norms-rms does)."""
+with `python3 -m pytest -q tests/kernels/test_norms_gpu.py` (`benchmarks/gpu_session.sh gpu-tests` runs it)."""
 
 from __future__ import annotations
 

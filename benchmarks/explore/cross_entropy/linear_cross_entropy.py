@@ -2,7 +2,7 @@
 memory, with the logits materialised and without.
 
 Now a case of its own, `cases/linear_cross_entropy.yaml` (the harness measures peak memory and takes a
-case's own inputs): run that (`bash benchmarks/gpu_session.sh linear-xent`); this script stays as the
+case's own inputs): run that (`bash benchmarks/gpu_session.sh case linear_cross_entropy`); this script stays as the
 quick look outside the harness, with chunk sizes on the command line.
 
 `casebook run` neither records peak memory nor lets a variant take other inputs than the logits, so the
