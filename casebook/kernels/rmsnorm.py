@@ -91,8 +91,16 @@ def make_backward_inputs(shape: dict, dtype: torch.dtype, device: str, generator
     x = _hidden(shape, dtype, device, generator)
     w = _weight(shape, dtype, device, generator)
     dy = _hidden(shape, dtype, device, generator)
-    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
-    return {"x": x, "w": w, "dy": dy, "rstd": rstd}
+    return {"x": x, "w": w, "dy": dy, **_saved_rstd({"x": x})}
+
+
+def _saved_rstd(inputs: dict) -> dict:
+    """The statistic the forward saves, from x: what a blend of the inputs recomputes
+    (`make_backward_inputs.derived`)."""
+    return {"rstd": torch.rsqrt(inputs["x"].float().pow(2).mean(-1) + EPS)}
+
+
+make_backward_inputs.derived = _saved_rstd
 
 
 def _sizes(shape: dict, dtype: torch.dtype) -> tuple[int, int, int, int]:

@@ -257,7 +257,7 @@ class _Reservoir:
 _BLENDS_WARM: set = set()
 
 
-def _warm_blend(inputs: dict) -> None:
+def _warm_blend(inputs: dict, derived=None) -> None:
     """A blend made once per process for each kind of input set (devices and dtypes), on a copy, before any timing:
     the first one loads its code (2.9 s on an H200), a pause in which the device idled and the repetitions after it
     timed up to 10x slow."""
@@ -266,7 +266,7 @@ def _warm_blend(inputs: dict) -> None:
     kind = tuple((v.device.type, v.dtype) for v in inputs.values() if torch.is_tensor(v))
     if kind not in _BLENDS_WARM:
         _BLENDS_WARM.add(kind)
-        inputs_mod.blend(clone_inputs(inputs), 0)
+        inputs_mod.blend(clone_inputs(inputs), 0, derived)
 
 
 class _Sampler:
@@ -275,12 +275,13 @@ class _Sampler:
     was blended (`inputs.blend`), kept whatever the sample. `ids`: what each input set holds now (its seed, or
     its blended name once blended), shared by the samplers of calls that take the same sets (a paired timing's two)."""
 
-    def __init__(self, task: Task, protocol, sets: list[dict], ids: list[int], rotation: _Rotation, poison):
-        self.sets, self.ids, self.rotation, self.poison = sets, ids, rotation, poison
+    def __init__(self, task: Task, protocol, sets: list[dict], ids: list[int], rotation: _Rotation, poison,
+                 derived=None):
+        self.sets, self.ids, self.rotation, self.poison, self.derived = sets, ids, rotation, poison, derived
         self.seen, self.force, self.forced = 0, False, []
         self.blend_at = (random.SystemRandom().randrange(1, protocol.min_reps) if inputs_mod.blends(task) else None)
         if self.blend_at is not None:
-            _warm_blend(sets[0])
+            _warm_blend(sets[0], derived)
         # The sampler's own method is given at each offer: held by the reservoir, it made a reference cycle that
         # kept a point's input sets and kept outputs alive after the point, on a GPU until the cycle collector ran.
         self.reservoir = _Reservoir(SAMPLES, rotation, ids)
@@ -293,7 +294,7 @@ class _Sampler:
             k = (self.rotation.k + 1) % self.rotation.n  # the set the next repetition takes
             if self.ids[k] >= 0:
                 blend_seed = random.SystemRandom().getrandbits(inputs_mod.BLEND_BITS)
-                inputs_mod.blend(self.sets[k], blend_seed)
+                inputs_mod.blend(self.sets[k], blend_seed, self.derived)
                 self.ids[k] = inputs_mod.blended_name(self.ids[k], blend_seed)
             self.force = True
         self.poison()
@@ -380,7 +381,8 @@ def _point(task: Task, mod) -> dict:
     def call():
         return fn(**sets[rotation.next()])
 
-    return bench.drive(call, _point_schedule(task, protocol, sets, seeds, rotation, poison, inputs, call))
+    return bench.drive(call, _point_schedule(task, protocol, sets, seeds, rotation, poison, inputs, call,
+                                             inputs_mod.derived_of(make_inputs)))
 
 
 def input_seeds(task: Task, protocol, input_bytes: int) -> list[int]:
@@ -395,7 +397,7 @@ def input_seeds(task: Task, protocol, input_bytes: int) -> list[int]:
 
 
 def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], rotation: _Rotation, poison: _Poison,
-                    inputs, call):
+                    inputs, call, derived=None):
     calls: list[dict] = []
     payload: dict = {"status": "ran"}
     memory = _PeakMemory(task.device, poison)
@@ -413,7 +415,7 @@ def _point_schedule(task: Task, protocol, sets: list[dict], seeds: list[int], ro
         del out
     if task.timed:
         rotation.pin, rotation.k = None, -1
-        sampler = _Sampler(task, protocol, sets, list(seeds), rotation, poison)
+        sampler = _Sampler(task, protocol, sets, list(seeds), rotation, poison, derived)
         tuners = autotune.autotuners(KERNELS_PACKAGE)
         autotune.forget(tuners)
         timing = yield from bench.timing_schedule(task.device, protocol, len(sets), observe=sampler.observe,
@@ -493,7 +495,7 @@ def _pair(task: Task, mod) -> dict:
     for role, f in roles.items():
         rotations[role] = rotation = _Rotation(len(sets))
         calls[role] = lambda f=f, rotation=rotation: f(**sets[rotation.next()])
-        samples[role] = _Sampler(task, protocol, sets, ids, rotation, poison)
+        samples[role] = _Sampler(task, protocol, sets, ids, rotation, poison, inputs_mod.derived_of(make))
         rotation.pin = 0
         poison()
         poison.learn(calls[role]())  # each output's size, for the poison before every timed call

@@ -53,13 +53,23 @@ def make(make_inputs, shape: dict, dtype: torch.dtype, device: str, name: int) -
     seed, blend_seed = unblended(name)
     inputs = make_inputs(shape, dtype, device, torch.Generator().manual_seed(seed))
     if blend_seed is not None:
-        blend(inputs, blend_seed)
+        blend(inputs, blend_seed, derived_of(make_inputs))
     return inputs
 
 
-def blend(inputs: dict, blend_seed: int) -> None:
+def derived_of(make_inputs):
+    """The case's function that recomputes the inputs derived from the others (a forward's saved statistics, which
+    a backward reads instead of recomputing), given as the inputs function's `derived` attribute; None if none."""
+    derived = getattr(make_inputs, "derived", None)
+    return derived if callable(derived) else None
+
+
+def blend(inputs: dict, blend_seed: int, derived=None) -> None:
     """Move `BLEND_FRACTION` of each floating tensor's elements, in place (the same memory): the places from a
-    generator seeded with `blend_seed`, the tensors in the order the case makes them."""
+    generator seeded with `blend_seed`, the tensors in the order the case makes them. Then the inputs `derived`
+    recomputes (`derived_of`) are written again from the blended ones, into their own memory: a saved statistic
+    moved to another row would hand the kernel a set it is never given (the rmsnorm backward's rows then
+    disagreed with the reference, which recomputes the statistic, by the spread of the rows' norms)."""
     g = torch.Generator().manual_seed(blend_seed)
     for t in inputs.values():
         if not (torch.is_tensor(t) and t.is_floating_point() and t.numel() >= 2):
@@ -69,3 +79,7 @@ def blend(inputs: dict, blend_seed: int) -> None:
         frm = torch.randint(t.numel(), (n,), generator=g)[: to.numel()]
         with torch.no_grad():
             t[torch.unravel_index(to.to(t.device), t.shape)] = t[torch.unravel_index(frm.to(t.device), t.shape)]
+    if derived is not None:
+        with torch.no_grad():
+            for name, value in derived(inputs).items():
+                inputs[name].copy_(value)

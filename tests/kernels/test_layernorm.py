@@ -76,16 +76,15 @@ class Spy:
 @pytest.fixture
 def launches(monkeypatch) -> list:
     seen: list = []
-    for name in ("_rows_kernel", "_streaming_rows_kernel", "_chunked_rows_kernel"):
+    for name in ("_rows_kernel", "_chunked_rows_kernel"):
         monkeypatch.setattr(mod, name, Spy(name, getattr(mod, name), seen))
     return seen
 
 
-@pytest.mark.parametrize("cols, path", [(1000, "_rows_kernel"), (1025, "_streaming_rows_kernel"),
+@pytest.mark.parametrize("cols, path", [(1000, "_rows_kernel"), (2048, "_rows_kernel"),
                                         (2049, "_chunked_rows_kernel"), (5000, "_chunked_rows_kernel")])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_long_rows_take_each_path(cols, path, dtype, launches, monkeypatch):
-    monkeypatch.setattr(mod, "STREAM_ABOVE", 1024)
     monkeypatch.setattr(mod, "MAX_ONEPASS", 2048)
     monkeypatch.setattr(mod, "INTERPRETER_CHUNK", 256)
     c = run_check("layernorm", "triton_long", 5, cols, dtype)
@@ -94,7 +93,7 @@ def test_long_rows_take_each_path(cols, path, dtype, launches, monkeypatch):
 
 
 def test_the_real_thresholds_at_full_length():
-    for cols in (mod.STREAM_ABOVE + 1, mod.MAX_ONEPASS + 1):
+    for cols in (mod.MAX_ONEPASS, mod.MAX_ONEPASS + 1):
         assert run_check("layernorm", "triton_long", 2, cols, "bf16").correct, cols
 
 
@@ -121,7 +120,6 @@ def test_kernels_stay_accurate_at_a_large_mean(cols, path, launches, monkeypatch
     variance and from the chunked kernel's merged statistics alike. (Not fp32's 1e-5: the mean itself,
     summed in fp32, carries ~6e-5 of error relative to the spread; torch.layer_norm reads 1.1e-5 here,
     and a sum of squares would put ~20% into the variance, ~10% into y.)"""
-    monkeypatch.setattr(mod, "STREAM_ABOVE", 1024)
     monkeypatch.setattr(mod, "MAX_ONEPASS", 2048)
     monkeypatch.setattr(mod, "INTERPRETER_CHUNK", 256)
     c = run_check("layernorm", "triton_long", 3, cols, "fp32", make_inputs=_offset_inputs(1000.0), tolerance=1e-4)

@@ -278,7 +278,7 @@ def test_the_first_blend_of_each_kind_of_inputs_is_made_on_a_copy_before_timing(
 
     made = []
     monkeypatch.setattr(child, "_BLENDS_WARM", set())
-    monkeypatch.setattr(child.inputs_mod, "blend", lambda inputs, seed: made.append(inputs))
+    monkeypatch.setattr(child.inputs_mod, "blend", lambda inputs, seed, derived=None: made.append(inputs))
     x = {"x": torch.ones(4, 8), "w": torch.ones(8)}
     child._warm_blend(x)
     child._warm_blend({"x": torch.zeros(2, 2), "w": torch.zeros(2)})  # the same kind: already warm

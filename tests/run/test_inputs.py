@@ -60,3 +60,21 @@ def test_only_a_timing_that_sees_each_repetition_blends():
     assert not inputs.blends(replace(task, devices=2)) and not inputs.blends(
         replace(task, protocol={"min_reps": 10, "rank_barrier": True})), "ranks in lockstep"
     assert not inputs.blends(replace(task, protocol={"min_reps": 1})), "one repetition has no second to blend for"
+
+
+def test_a_blend_recomputes_the_inputs_the_case_derives_from_the_others():
+    """A backward's saved statistic moved to another row is a set the kernel is never given: the inputs function's
+    `derived` recomputes it from the blended inputs, in its own memory, alike wherever the set is made."""
+    from casebook.kernels import rmsnorm
+
+    make = rmsnorm.make_backward_inputs
+    assert inputs.derived_of(make) is not None and inputs.derived_of(rmsnorm.make_inputs) is None
+    shape = {"rows": 64, "cols": 512}
+    clean = make(shape, torch.bfloat16, "cpu", torch.Generator().manual_seed(3))
+    blended = make(shape, torch.bfloat16, "cpu", torch.Generator().manual_seed(3))
+    memory = blended["rstd"].data_ptr()
+    inputs.blend(blended, 11, inputs.derived_of(make))
+    assert blended["rstd"].data_ptr() == memory and not torch.equal(blended["x"], clean["x"])
+    assert torch.equal(blended["rstd"], rmsnorm._saved_rstd(blended)["rstd"])  # consistent with the blended x
+    named = inputs.make(make, shape, torch.bfloat16, "cpu", inputs.blended_name(3, 11))  # the reference's side
+    assert all(torch.equal(named[k], blended[k]) for k in blended)
