@@ -84,6 +84,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     progress("note", {"message": f"crossing: {run['crossing']}"})
     oracle_env = variant_env(interpreted=False, devices=case.kernel.devices)
     with Worker(oracle_work, oracle_env, arena=arena, spill=False) as oracle:  # one oracle: it runs no variant
+        oracle.start()  # its start (seconds of imports) goes on beside the first variant's child's (`_measure`)
         run["answers"] = Answers(oracle, timeout_s, default_budget(device))
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
     if parts:  # the points the resumed session kept: those of its plan, not every one the kept run held
@@ -123,6 +124,7 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
                 continue
             t0 = time.perf_counter()
             worker = ahead if ahead is not None else _variant_worker(g, case)
+            worker.start()  # the first variant's child starts beside the reference's; the others have started
             following = order[order.index(name) + 1:]
             # On a GPU the next variant's child starts now, its start overlapping this variant's GPU work; a CPU
             # run starts each child in turn (a start would take a core from the timing).

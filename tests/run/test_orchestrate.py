@@ -385,6 +385,9 @@ class InProcessOracle:
     def __init__(self, *args, **kwargs):
         pass
 
+    def start(self):
+        pass
+
     def request(self, task, timeout_s, room=0, grow=False):
         from casebook.run.oracle import work
 
