@@ -42,6 +42,22 @@ def kernel_source(module: str) -> Path | None:
     return None
 
 
+def kernel_file(module: str, case_path: str | Path | None = None) -> Path:
+    """The kernel module a case names, where a run of it would find it: the case's own book (`casebook/kernels/`
+    beside its `cases/` folder), else the package's folder and CASEBOOK_KERNELS_PATH's (`kernel_source`). Where
+    none has it, the file it is missing as (in the book's folder where the book has one): every check that reads
+    a case's kernel (`validate`, `check`, `record`, `run --all --resume`, the site) reads this one."""
+    path = kernel_path(module)  # a name, never a path
+    if case_path is not None:
+        own = Path(case_path).resolve().parent.parent / "casebook" / "kernels"
+        if (own / path.name).is_file():
+            return own / path.name
+    found = kernel_source(module)
+    if found is not None:
+        return found
+    return own / path.name if case_path is not None and own.is_dir() else path
+
+
 def case_sha256(path: str | Path) -> str:
     """sha256 hex of the case file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -126,10 +142,9 @@ def meaning(value: Any) -> Any:
     return value
 
 
-def stale_reasons(result: Result, case_path: str | Path, case: Any, kernels_dir: Path | None = None) -> list[str]:
+def stale_reasons(result: Result, case_path: str | Path, case: Any) -> list[str]:
     """Why a stored result no longer describes the current case and kernel (empty: it does). The kernel module is
-    read from `kernels_dir`, else where a run's children import it from (`kernel_source`: the package's folder,
-    then CASEBOOK_KERNELS_PATH's)."""
+    the one a run of the case would find (`kernel_file`)."""
     reasons = []
     if result.measurement_sha256 is not None:
         if result.measurement_sha256 != measurement_sha256(case):
@@ -137,7 +152,10 @@ def stale_reasons(result: Result, case_path: str | Path, case: Any, kernels_dir:
     elif result.case_sha256 != case_sha256(case_path):
         reasons.append(f"the case file {Path(case_path).name} changed since the run")
     module = case.kernel.module
-    source = kernel_path(module, kernels_dir) if kernels_dir else kernel_source(module)
+    try:
+        source = kernel_file(module, case_path)
+    except ValueError:
+        source = None
     if source is None or not source.is_file():
         reasons.append(f"the kernel module {module}.py is missing")
     elif result.kernel_sha256 != kernel_sha256(module, source.parent, result.kernel_modules or ()):

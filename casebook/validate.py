@@ -152,12 +152,6 @@ def book_root(path: Path) -> Path:
     return Path(path).resolve().parent.parent
 
 
-def kernels_dir(path: Path) -> Path:
-    """Where the case's kernel modules live: the book's `casebook/kernels/`, else the installed package's."""
-    here = book_root(path) / "casebook" / "kernels"
-    return here if here.is_dir() else provenance.KERNELS_DIR
-
-
 # --- ids and links ---------------------------------------------------------------------------------
 
 
@@ -199,7 +193,7 @@ def check_kernel(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     module = case.kernel.module
     if not isinstance(module, str):
         return []
-    source = provenance.kernel_path(module, kernels_dir(path))
+    source = provenance.kernel_file(module, path)
     shown = f"casebook/kernels/{module}.py"
     why = refusal(source, source.parent) if source.exists() or source.is_symlink() else None
     if why:
@@ -270,7 +264,7 @@ def check_signatures(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     Read from the source; functions defined other than by a plain `def` (a lambda, a partial, `*args`)
     are not judged.
     """
-    source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
+    source = provenance.kernel_file(case.kernel.module, path)
     if not source.is_file() or refusal(source, source.parent):  # check_kernel reports it
         return []
     st = source.stat()
@@ -353,7 +347,7 @@ def check_scaffold(path: Path, case: Case) -> list[CaseError]:
             if mark in row:
                 errors.append(CaseError(path, i, "scaffold", f"still holds the scaffold's placeholder ({mark!r}); "
                                                              "write your case's own"))
-    source = provenance.kernel_path(case.kernel.module, kernels_dir(path))
+    source = provenance.kernel_file(case.kernel.module, path)
     readable = source.is_file() and not refusal(source, source.parent)  # check_kernel reports a refused one
     text = source.read_text(encoding="utf-8", errors="replace") if readable else ""
     if SCAFFOLD_KERNEL in text:
@@ -381,7 +375,7 @@ def check_tolerances(case: Case, lines: Lines) -> list[CaseError]:
 def check_cpu_path(case: Case, lines: Lines, path: Path | None = None) -> list[CaseError]:
     """Warn when a variant runs only on CUDA: nobody without a GPU can check it. A torch.compile variant is
     told that Inductor compiles for a CPU too, so `cpu` is the fix, not a reason."""
-    source = provenance.kernel_path(case.kernel.module, kernels_dir(path)) if path else None
+    source = provenance.kernel_file(case.kernel.module, path) if path else None
     text = source.read_text(encoding="utf-8", errors="replace") if source and source.is_file() and not refusal(
         source, source.parent) else ""
     out = []
@@ -415,7 +409,7 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
         if doc is None:
             errors.append(CaseError(path, 1, "results", f"{shown} is unreadable ({unread})"))
             continue
-        reasons = provenance.stale_reasons(doc, path, case, kernels_dir(path))
+        reasons = provenance.stale_reasons(doc, path, case)
         errors += [CaseError(path, lines.line(("kernel", "module")) if "kernel module" in why else 1, "results",
                              f"{shown} is stale: {why}; run it again") for why in reasons]
         errors += [CaseError(path, 1, "results", f"{shown} is not evidence: {why}")

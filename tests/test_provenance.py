@@ -5,6 +5,7 @@ import json
 import runpy
 from pathlib import Path
 
+import pytest
 import yaml
 
 from casebook import provenance, results
@@ -132,3 +133,24 @@ def test_the_restamp_moves_only_results_current_under_the_first_rule(tmp_path):
     assert restamp["restamp"](held, cases) == "already on the rule by meaning"
     assert restamp["restamp"](broken, cases).startswith("left stale")
     assert json.loads(broken.read_text())["measurement_sha256"] == "0" * 64
+
+
+def test_every_check_finds_a_kernel_where_a_run_would(tmp_path, monkeypatch):
+    """One resolution for validate, check, record, the resumed book and the site: the case's own book first, then
+    the package's folder and CASEBOOK_KERNELS_PATH's (before, validate and record read only the book's folder, so a
+    result of an out-of-tree kernel was stale to them and current to `run --all --resume`)."""
+    fixtures = Path(__file__).parent / "fixtures" / "kernels"
+    case = tmp_path / "book" / "cases" / "c.yaml"
+    case.parent.mkdir(parents=True)
+    monkeypatch.delenv("CASEBOOK_KERNELS_PATH", raising=False)
+    assert provenance.kernel_file("softmax_fusion", case) == provenance.KERNELS_DIR / "softmax_fusion.py"
+    assert provenance.kernel_file("scaled_add", case) == provenance.KERNELS_DIR / "scaled_add.py"  # missing as
+    monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(fixtures))
+    assert provenance.kernel_file("scaled_add", case) == fixtures / "scaled_add.py"
+    own = tmp_path / "book" / "casebook" / "kernels"
+    own.mkdir(parents=True)
+    assert provenance.kernel_file("nowhere", case) == own / "nowhere.py"  # missing from the book's own folder
+    (own / "scaled_add.py").write_text("# the book's own\n")
+    assert provenance.kernel_file("scaled_add", case) == own / "scaled_add.py"
+    with pytest.raises(ValueError):
+        provenance.kernel_file("../scaled_add", case)

@@ -43,13 +43,12 @@ def is_current(stored: Result, case_path: Path) -> bool:
     """Whether a stored result was measured from the case file and kernel module as they are now."""
     from casebook import provenance
     from casebook.load import CaseError, load_case
-    from casebook.validate import kernels_dir
 
     try:
         case = load_case(case_path)
     except (CaseError, OSError):
         return False
-    return not provenance.stale_reasons(stored, case_path, case, kernels_dir(case_path))
+    return not provenance.stale_reasons(stored, case_path, case)
 
 
 def store(result: Result, results_dir: Path, case_path: Path, force: bool, out: Console) -> int:
