@@ -24,6 +24,8 @@ def _csv(read: float, write: float, kernels: int) -> str:
 
 def test_counters_sum_kernels_flag_gaps_and_record_what_does_not_apply(monkeypatch):
     def fake_ncu(cmd, **kwargs):
+        if "variants" in json.loads(cmd[-1]):  # the one process for all: broken here, so a process a variant
+            return subprocess.CompletedProcess(cmd, 1, "ncu: ==ERROR== the application crashed\n", "")
         fn = json.loads(cmd[-1])["fn"]
         if fn == "triton_onepass":
             out = "CASEBOOK_NOT_APPLICABLE=triton_onepass holds at most 32768 columns on chip; got 65536\n"
@@ -49,3 +51,64 @@ def test_counters_sum_kernels_flag_gaps_and_record_what_does_not_apply(monkeypat
     assert rows["triton_onepass"] == {"variant": "triton_onepass", "shape": rows["eager"]["shape"], "dtype": "bf16",
                                       "not_applicable": "triton_onepass holds at most 32768 columns on chip; got 65536"}
     assert rows["torch_softmax"]["error"].startswith("ncu gave no counters (exit 1)")
+
+
+def _marked_csv(groups: list[list[tuple[float, float]]]) -> str:
+    """ncu's CSV for a process whose variants' calls each follow a marker kernel: (read, write) bytes a kernel."""
+    lines, k = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'], 0
+    for group in groups:
+        for name, (read, write) in [("at::cuda::spin_kernel(long)", (0.0, 0.0))] + [(f"k{k}", rw) for rw in group]:
+            lines.append(f'"{k}","{name}","dram__bytes_read.sum","byte","{read:.0f}"')
+            lines.append(f'"{k}","{name}","dram__bytes_write.sum","byte","{write:.0f}"')
+            k += 1
+    return "\n".join(lines)
+
+
+def _ran(*names):
+    return Result.model_validate(empty_result(variants=[
+        {"name": n, "note": "-", "backends": ["cuda"], "device": "cuda", "mode": "timed"} for n in names]))
+
+
+def _said(name, **what):
+    return "CASEBOOK_VARIANT=" + json.dumps({"name": name, **what})
+
+
+def test_every_variant_in_one_profiled_process_split_at_the_markers(monkeypatch):
+    calls = []
+
+    def fake_ncu(cmd, **kwargs):
+        calls.append(json.loads(cmd[-1]))
+        out = "\n".join([_said("eager", profiled=True), _said("torch_softmax", profiled=True),
+                         _said("triton_onepass", not_applicable="holds at most 32768 columns"),
+                         _said("triton_online", profiled=True),
+                         _marked_csv([[(1e9, 1e9), (1e9, 1.2e9)], [(536e6, 512e6)], [(530e6, 520e6)]]),
+                         "CASEBOOK_MODELLED_BYTES=1073741824"])
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
+    ran = _ran("eager", "torch_softmax", "triton_onepass", "triton_online")
+    rows = {r["variant"]: r for r in counters.read(load_case(CASE), ran, progress=lambda msg: None)}
+    assert len(calls) == 1 and [n for n, _ in calls[0]["variants"]] == list(rows)  # one process, the ladder's order
+    assert rows["eager"]["kernels"] == 2 and rows["eager"]["measured_bytes"] == 4.2e9  # the markers not counted
+    assert rows["torch_softmax"]["measured_bytes"] == 1048e6 and not rows["torch_softmax"]["flagged"]
+    assert rows["triton_onepass"]["not_applicable"] == "holds at most 32768 columns"
+    assert rows["triton_online"]["kernels"] == 1 and rows["triton_online"]["read_bytes"] == 530e6
+
+
+def test_kernels_that_do_not_split_one_a_variant_are_profiled_a_process_each(monkeypatch):
+    alone = []
+
+    def fake_ncu(cmd, **kwargs):
+        spec = json.loads(cmd[-1])
+        if "variants" in spec:  # two variants said profiled, one marker seen: the split would misplace kernels
+            out = "\n".join([_said("eager", profiled=True), _said("triton_online", profiled=True),
+                             _marked_csv([[(1e9, 1e9)]]), "CASEBOOK_MODELLED_BYTES=1073741824"])
+            return subprocess.CompletedProcess(cmd, 0, out, "")
+        alone.append(spec["fn"])
+        return subprocess.CompletedProcess(cmd, 0, _csv(536e6, 512e6, 1) + "\nCASEBOOK_MODELLED_BYTES=1073741824\n", "")
+
+    monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
+    rows = counters.read(load_case(CASE), _ran("eager", "triton_online"), progress=lambda msg: None)
+    assert alone == ["eager", "triton_online"] and all(r["measured_bytes"] == 1048e6 for r in rows)
