@@ -87,7 +87,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         oracle.start()  # its start (seconds of imports) goes on beside the first variant's child's (`_measure`)
         run["answers"] = Answers(oracle, timeout_s, default_budget(device))
         outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
-    if parts:  # the points the resumed session kept: those of its plan, not every one the kept run held
+    if parts:  # the points kept from the run cut short: those of this plan, not every one that run held
         parts[-1]["points"] = sum(1 for pairs in outcomes.values() for _, p in pairs
                                   if isinstance(p.get("harness"), dict) and p["harness"].get("kept"))
     run["sources"] = sources_of(Path(path), case, run["sources"], run["loaded"])
@@ -141,7 +141,8 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
 
 
 def _variant_done(g: dict, mine: list, name: str, t0: float, progress: Progress) -> None:
-    """A variant's cost, recorded in its group and reported: its wall time, and of it, this session's timed calls."""
+    """A variant's cost, recorded in its group and reported: its wall time, and of it, the timed calls measured now
+    (not those kept from a run cut short)."""
     g["wall_s"] = time.perf_counter() - t0
     g["timed_s"] = sum(p["harness"].get("timed_s") or 0.0 for _, p in mine
                        if isinstance(p.get("harness"), dict) and not p["harness"].get("kept"))
