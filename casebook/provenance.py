@@ -43,10 +43,11 @@ def kernel_source(module: str) -> Path | None:
 
 
 def kernel_file(module: str, case_path: str | Path | None = None) -> Path:
-    """The kernel module a case names, where a run of it would find it: the case's own book (`casebook/kernels/`
-    beside its `cases/` folder), else the package's folder and CASEBOOK_KERNELS_PATH's (`kernel_source`). Where
-    none has it, the file it is missing as (in the book's folder where the book has one): every check that reads
-    a case's kernel (`validate`, `check`, `record`, `run --all --resume`, the site) reads this one."""
+    """The kernel module a case names: the case's own book's (`casebook/kernels/` beside its `cases/` folder, which
+    is the package's where the book is installed), else where a run's children import it from, the package's
+    folder and CASEBOOK_KERNELS_PATH's (`kernel_source`; all a run itself asks, with no `case_path`). Where none
+    has it, the file it is missing as (in the book's folder where the book has one). Every check that reads a
+    case's kernel (`validate`, `check`, `record`, `run --all --resume`, the site) reads this one."""
     path = kernel_path(module)  # a name, never a path
     if case_path is not None:
         own = Path(case_path).resolve().parent.parent / "casebook" / "kernels"

@@ -17,9 +17,8 @@ from casebook.case import Case
 from casebook.provenance import (
     case_sha256,
     imported_closure,
-    kernel_path,
+    kernel_file,
     kernel_sha256,
-    kernel_source,
     measurement_sha256,
 )
 from casebook.result import RESULT_SCHEMA_VERSION, Result, shape_label
@@ -177,22 +176,17 @@ def sources_of(path: Path, case, start: dict | None = None, loaded: set | None =
     module imported at run time, by name, is no static import): the hash then covers them too, and the
     result names them (`kernel_modules`); where the statically imported part changed meanwhile, the start's
     hash is kept, and the result reads stale."""
-    kernel_file = _kernel_file(case.kernel.module)
     module = case.kernel.module
-    now = {"case_sha256": case_sha256(path), "kernel_file": kernel_file.name,
-           "kernel_sha256": kernel_sha256(module, kernel_file.parent), "measurement_sha256": measurement_sha256(case)}
+    source = kernel_file(module)  # where the children import it from (CASEBOOK_KERNELS_PATH included)
+    now = {"case_sha256": case_sha256(path), "kernel_file": source.name,
+           "kernel_sha256": kernel_sha256(module, source.parent), "measurement_sha256": measurement_sha256(case)}
     if start is None:
         return now
-    static = imported_closure(module, kernel_file.parent)
+    static = imported_closure(module, source.parent)
     extra = sorted(m for m in (loaded or set()) - static if re.fullmatch(r"[a-z][a-z0-9_]*", m))
     if now["kernel_sha256"] != start["kernel_sha256"] or not extra:
         return start
-    return {**start, "kernel_sha256": kernel_sha256(module, kernel_file.parent, extra=extra), "kernel_modules": extra}
-
-
-def _kernel_file(module: str) -> Path:
-    """The source the children import as `casebook.kernels.<module>` (CASEBOOK_KERNELS_PATH included)."""
-    return kernel_source(module) or kernel_path(module)
+    return {**start, "kernel_sha256": kernel_sha256(module, source.parent, extra=extra), "kernel_modules": extra}
 
 
 def now(timespec: str = "seconds") -> str:

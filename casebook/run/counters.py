@@ -89,9 +89,14 @@ def _ncu(ncu: str, spec: dict, timeout_s: float) -> subprocess.CompletedProcess 
         return None
 
 
+def _named(v, base: dict, **fields) -> dict:
+    """A variant's row: which variant, at the counters' shape and dtype, and what was found."""
+    return {"variant": v.name, "shape": base["shape"], "dtype": base["dtype"], **fields}
+
+
 def _row(v, base: dict, kernels: list[tuple[str, float, float]] | None, modelled: str | None, why: str) -> dict:
     """A variant's row from its kernels' (name, read, write) bytes and the modelled bytes; `why` where none."""
-    row = {"variant": v.name, "shape": base["shape"], "dtype": base["dtype"]}
+    row = _named(v, base)
     if kernels is None or modelled is None:
         return {**row, "error": why}
     read_b, write_b = sum(k[1] for k in kernels), sum(k[2] for k in kernels)
@@ -104,11 +109,10 @@ def _alone(ncu: str, base: dict, v) -> dict:
     """One variant in a profiled process of its own."""
     proc = _ncu(ncu, {**base, "fn": v.fn}, VARIANT_TIMEOUT_S)
     if proc is None:
-        return {"variant": v.name, "shape": base["shape"], "dtype": base["dtype"],
-                "error": f"ncu timed out after {VARIANT_TIMEOUT_S} s"}
+        return _named(v, base, error=f"ncu timed out after {VARIANT_TIMEOUT_S} s")
     reason = _marked(proc.stdout, "CASEBOOK_NOT_APPLICABLE=")
     if reason is not None:  # the variant's own word that it does not cover this shape
-        return {"variant": v.name, "shape": base["shape"], "dtype": base["dtype"], "not_applicable": reason}
+        return _named(v, base, not_applicable=reason)
     return _row(v, base, _kernels(proc.stdout), _marked(proc.stdout, "CASEBOOK_MODELLED_BYTES="),
                 f"ncu gave no counters (exit {proc.returncode}): {proc.stderr[-300:]}")
 
@@ -136,9 +140,8 @@ def _together(ncu: str, base: dict, todo: list) -> list[dict] | None:
         return None
     modelled = _marked(proc.stdout, "CASEBOOK_MODELLED_BYTES=")
     kernels_of = dict(zip((v.name for v in profiled), groups))
-    return [{"variant": v.name, "shape": base["shape"], "dtype": base["dtype"], "not_applicable": s["not_applicable"]}
-            if "not_applicable" in s else _row(v, base, kernels_of[v.name], modelled, "ncu gave no modelled bytes")
-            for v, s in zip(todo, said)]
+    return [_named(v, base, not_applicable=s["not_applicable"]) if "not_applicable" in s
+            else _row(v, base, kernels_of[v.name], modelled, "ncu gave no modelled bytes") for v, s in zip(todo, said)]
 
 
 def _marked(stdout: str, mark: str) -> str | None:
