@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from casebook.case import Case, LatencyClaim, MemoryClaim, RegimeClaim, RoofClaim, SpeedupClaim, ThroughputClaim, Where
 from casebook.result import shape_label
 from casebook.stats import weighted_geomean
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """A paired timing that gave no rounds (`run.judge.pair`): its status and why."""
+
+    status: str
+    error: str = ""
 
 
 def _selected(points: list[dict], variant: str, where: Where) -> list[dict]:

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Callable
 
 from casebook.case import EndToEndLevel
-from casebook.result import Point, WorkloadSummary, shape_label
+from casebook.result import HarnessCost, Point, Record, WorkloadSummary, shape_label
 from casebook.stats import weighted_geomean
 from casebook.tolerance import TOLERANCE
 
@@ -19,6 +19,25 @@ REGRESSION = 0.98
 SHARE_MAX = 1.05
 """The kernel's share of its scenario past which the timings are disturbed: the kernel alone cannot take
 longer than the computation it is part of."""
+
+
+class Scenario(Record):
+    """One variant's scenario (level 3) as the judge summarised it (`run.judge.end_to_end`), before level 3 sets
+    the baseline's beside the variant's: not stored."""
+
+    status: str
+    error: str | None = None
+    variant: str | None = None
+    scenario_us: float | None = None
+    scenario_p10_us: float | None = None
+    scenario_p90_us: float | None = None
+    kernel_us: float | None = None
+    kernel_p10_us: float | None = None
+    kernel_p90_us: float | None = None
+    fingerprint: list[float] | None = None
+    after_fingerprint: list[float] | None = None
+    timed_outputs_checked: int | None = None
+    harness: HarnessCost | None = None
 
 
 def speedups(points: list[dict], baseline: str) -> list[float | None]:
