@@ -21,9 +21,10 @@ would otherwise make an 8 MiB page."""
 
 class Record(BaseModel):
     """Base for result records: written by casebook; a field not declared here is an error, and so is a text longer
-    than `RECORD_TEXT_MAX`. Read by attribute; `model_dump(exclude_unset=True)` gives the keys the stored JSON had."""
+    than `RECORD_TEXT_MAX` or a number that is not finite (a stored result is strict JSON). Read by attribute;
+    `model_dump(exclude_unset=True)` gives the keys the stored JSON had."""
 
-    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX)
+    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False)
 
 
 ShapeDims = dict[str, int]
@@ -253,7 +254,7 @@ class CeilingMethod(Record):
     """How each ceiling was measured, in words."""
 
     model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True,
-                              str_max_length=RECORD_TEXT_MAX)
+                              str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False)
 
     copy_: str = Field(alias="copy", description="The copy whose bytes read + written over its fastest time are "
                                                  "copy_gbps.")

@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from casebook.commands import console as terminal
-from casebook.levels import regressions
-from casebook.result import IntensityCheck, Point, Result, shape_label, shape_named
+from casebook.levels import Scenario, regressions
+from casebook.result import ClaimPairedTiming, IntensityCheck, Point, Result, shape_label, shape_named
 from casebook.roofline import host_bound
 
 console = terminal(stderr=True)
@@ -120,17 +120,13 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
                 t, p = info["task"], info["payload"]
                 name = f"{t.variant} / {t.over}" if t.kind == "pair" else t.variant
                 bar.update(job, advance=1, description=f"{name} {shape_named(t.shape)} {t.dtype}")
+                error = p.error if p.status in ("failed", "crashed", "timeout") else None
                 if not console.is_terminal:  # a log, line by line, where no live bar can be drawn
-                    us = (f"{p['median_us']:.1f} us" if p.get("median_us") else
-                          f"{p['speedup']:.3f}x paired" if p.get("speedup") else
-                          f"scenario {p['scenario_us']:.1f} us, kernel alone {p['kernel_us']:.1f} us"
-                          if p.get("scenario_us") and p.get("kernel_us") else "")
-                    why = f": {p.get('error', '')}" if p.get("status") in ("failed", "crashed", "timeout") else ""
-                    console.print(f"  {t.level:10s} {name} {shape_named(t.shape)} {t.dtype}: {p.get('status')}"
-                                  f"{why} {us}", highlight=False)
-                elif p.get("status") in ("failed", "crashed", "timeout"):
-                    console.print(f"[red]{name} {shape_named(t.shape)} {t.dtype}: {p['status']}: "
-                                  f"{escape(str(p.get('error', '')))}[/red]", highlight=False)
+                    console.print(f"  {t.level:10s} {name} {shape_named(t.shape)} {t.dtype}: {p.status}"
+                                  f"{f': {error}' if error is not None else ''} {measured(p)}", highlight=False)
+                elif error is not None:
+                    console.print(f"[red]{name} {shape_named(t.shape)} {t.dtype}: {p.status}: "
+                                  f"{escape(str(error or ''))}[/red]", highlight=False)
 
         result = measure(case, variants=variants, quick=quick, counters=counters, timeout=timeout, argv=argv,
                          progress=progress, say=lambda msg: console.print(msg, highlight=False), loaded=loaded,
@@ -195,6 +191,19 @@ def last_cut_short(case) -> tuple[Path, Result] | None:
         except ValueError:
             continue
     return None
+
+
+def measured(record) -> str:
+    """What a task's record measured, in a few words: a point's median, a paired timing's speedup, a scenario's
+    times; nothing where it measured nothing."""
+    match record:
+        case Point(median_us=float() as us):
+            return f"{us:.1f} us"
+        case ClaimPairedTiming(speedup=speedup):
+            return f"{speedup:.3f}x paired"
+        case Scenario(scenario_us=float() as whole, kernel_us=float() as alone):
+            return f"scenario {whole:.1f} us, kernel alone {alone:.1f} us"
+    return ""
 
 
 def harness_line(info: dict) -> str:

@@ -20,6 +20,7 @@ import time
 from casebook.run.child import Task
 from casebook.run.hardware import memory_bytes
 from casebook.run.isolate import Worker
+from casebook.run.messages import Answer, Expected, Stopped, TrafficModel, read
 from casebook.run.oracle import OracleTask
 
 BUDGET_FRACTION = 0.05
@@ -45,8 +46,8 @@ def fixed_seeds(task: Task) -> tuple[int, ...]:
     return (task.seed, task.seed + 1, task.seed + 3) if task.timed else (task.seed, task.seed + 1)
 
 
-def _nbytes(answer: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in answer.get("outputs") or [] if hasattr(t, "element_size"))
+def _nbytes(answer: Expected) -> int:
+    return sum(t.numel() * t.element_size() for t in answer.outputs)
 
 
 class Answers:
@@ -54,8 +55,8 @@ class Answers:
 
     def __init__(self, oracle: Worker, timeout_s: float, budget_bytes: int):
         self.oracle, self.timeout_s, self.budget = oracle, timeout_s, budget_bytes
-        self.kept: dict[tuple, dict] = {}
-        self.traffic: dict[tuple, dict] = {}
+        self.kept: dict[tuple, Expected] = {}
+        self.traffic: dict[tuple, TrafficModel] = {}
         self.held = 0
         self.computed = self.reused = 0
         self.last_s = 0.0
@@ -69,36 +70,36 @@ class Answers:
     def _traffic_key(task: Task) -> tuple:
         return (task.module, task.traffic, json.dumps(task.shape), task.dtype)
 
-    def get(self, task: Task, seeds) -> dict:
-        """The reference's payload at `seeds` for `task`'s point, as `judge.point` takes it: {"status": "ok",
-        "expected": {str(seed): {"tuple", "outputs"}}, "traffic"}; the child's own failure where it failed."""
+    def get(self, task: Task, seeds) -> Answer | Stopped:
+        """The reference's answer at `seeds` for `task`'s point, as `judge.point` takes it: its outputs by seed
+        (where the child computed them) and the traffic model; the child's own failure where it failed."""
         self.last_s = 0.0
         seeds = list(dict.fromkeys(seeds))
         missing = [s for s in seeds if self._key(task, s) not in self.kept]
         want_traffic = bool(task.timed and task.traffic) and self._traffic_key(task) not in self.traffic
         self.reused += len(seeds) - len(missing)
-        fresh: dict = {}
+        fresh: dict[str, Expected] = {}
         if missing or want_traffic:
             t0 = time.perf_counter()
-            answer = self.oracle.request(
+            answer = read(Answer, self.oracle.request(
                 OracleTask(module=task.module, shape=task.shape, dtype=task.dtype, device=task.device,
                            seeds=tuple(missing), reference=task.reference, inputs=task.inputs,
                            traffic=task.traffic if want_traffic else ""),
-                self.timeout_s, room=1, grow=True)
+                self.timeout_s, room=1, grow=True))
             self.last_s = time.perf_counter() - t0
-            if answer.get("status") != "ok" or not isinstance(answer.get("expected"), dict):
+            if isinstance(answer, Stopped):
                 return answer
-            fresh = answer["expected"]
+            fresh = answer.expected
             self.computed += len(missing)
             for seed in missing:
                 self._keep(self._key(task, seed), fresh.get(str(seed)))
-            if want_traffic and isinstance(answer.get("traffic"), dict):
-                self.traffic[self._traffic_key(task)] = answer["traffic"]
-        expected = {str(s): self.kept.get(self._key(task, s)) or fresh.get(str(s)) for s in seeds}
-        return {"status": "ok", "expected": expected, "traffic": self.traffic.get(self._traffic_key(task)) or {}}
+            if want_traffic and answer.traffic is not None:
+                self.traffic[self._traffic_key(task)] = answer.traffic
+        expected = {str(s): e for s in seeds if (e := self.kept.get(self._key(task, s)) or fresh.get(str(s)))}
+        return Answer(status="ok", expected=expected, traffic=self.traffic.get(self._traffic_key(task)))
 
-    def _keep(self, key: tuple, answer) -> None:
-        if not isinstance(answer, dict):
+    def _keep(self, key: tuple, answer: Expected | None) -> None:
+        if answer is None:
             return
         size = _nbytes(answer)
         if self.held + size <= self.budget:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from casebook.case import Case
-from casebook.result import Result
+from casebook.result import CounterRow, Result
 from casebook.run.check import TORCH_DTYPES
 from casebook.run.plan import placement
 
@@ -45,7 +45,7 @@ def _numel(shape: dict) -> int:
     return n
 
 
-def read(case: Case, result: Result, progress: Callable[[str], None] = print) -> list[dict]:
+def read(case: Case, result: Result, progress: Callable[[str], None] = print) -> list[CounterRow]:
     """Modelled against measured DRAM bytes for every variant that runs on the GPU (in `result`, the run's
     measurement), at one large shape: rows of `Result.counters`. Every variant in one profiled process, its
     kernels told apart by a marker kernel before each (`_together`); where they cannot be (a variant that broke
@@ -89,23 +89,23 @@ def _ncu(ncu: str, spec: dict, timeout_s: float) -> subprocess.CompletedProcess 
         return None
 
 
-def _named(v, base: dict, **fields) -> dict:
+def _named(v, base: dict, **fields) -> CounterRow:
     """A variant's row: which variant, at the counters' shape and dtype, and what was found."""
-    return {"variant": v.name, "shape": base["shape"], "dtype": base["dtype"], **fields}
+    return CounterRow(variant=v.name, shape=base["shape"], dtype=base["dtype"], **fields)
 
 
-def _row(v, base: dict, kernels: list[tuple[str, float, float]] | None, modelled: str | None, why: str) -> dict:
+def _row(v, base: dict, kernels: list[tuple[str, float, float]] | None, modelled: str | None,
+         why: str) -> CounterRow:
     """A variant's row from its kernels' (name, read, write) bytes and the modelled bytes; `why` where none."""
-    row = _named(v, base)
     if kernels is None or modelled is None:
-        return {**row, "error": why}
+        return _named(v, base, error=why)
     read_b, write_b = sum(k[1] for k in kernels), sum(k[2] for k in kernels)
     total, modelled_b = read_b + write_b, float(modelled)
-    return {**row, "modelled_bytes": modelled_b, "measured_bytes": total, "read_bytes": read_b, "write_bytes": write_b,
-            "kernels": len(kernels), "gap": total / modelled_b - 1, "flagged": abs(total / modelled_b - 1) > GAP_FLAG}
+    return _named(v, base, modelled_bytes=modelled_b, measured_bytes=total, read_bytes=read_b, write_bytes=write_b,
+                  kernels=len(kernels), gap=total / modelled_b - 1, flagged=abs(total / modelled_b - 1) > GAP_FLAG)
 
 
-def _alone(ncu: str, base: dict, v) -> dict:
+def _alone(ncu: str, base: dict, v) -> CounterRow:
     """One variant in a profiled process of its own."""
     proc = _ncu(ncu, {**base, "fn": v.fn}, VARIANT_TIMEOUT_S)
     if proc is None:
@@ -117,7 +117,7 @@ def _alone(ncu: str, base: dict, v) -> dict:
                 f"ncu gave no counters (exit {proc.returncode}): {proc.stderr[-300:]}")
 
 
-def _together(ncu: str, base: dict, todo: list) -> list[dict] | None:
+def _together(ncu: str, base: dict, todo: list) -> list[CounterRow] | None:
     """Every variant of `todo` in one profiled process, in order, each call behind a marker kernel; None where the
     process did not report every variant (one broke it) or its kernels do not split into one group a variant."""
     proc = _ncu(ncu, {**base, "variants": [[v.name, v.fn] for v in todo]}, VARIANT_TIMEOUT_S * len(todo))

@@ -1,5 +1,6 @@
 """A variant checked in this process and judged as `casebook run` judges it: each call's outputs recorded as the
-variant's child records them (`child.record`: copied, checksummed, inputs compared, aliasing found) and judged
+variant's child records them (`child.record`: copied, checksummed, inputs compared, aliasing found), read as the
+parent reads them (`messages.Call`) and judged
 by `judge.judge_call` against the float64 reference, the one correctness path. For the kernel tests, which import
 the kernel module anyway. Stricter than a run in one way: on a CPU every tensor the call allocates is NaN-filled
 (torch's deterministic mode), which a run does not do, since a flag set only while checking would tell a
@@ -16,6 +17,7 @@ import torch
 from casebook.run.check import TORCH_DTYPES, CheckFailed, upcast
 from casebook.run.child import clone_inputs, record
 from casebook.run.judge import judge_call
+from casebook.run.messages import Call, Expected
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor
         inputs = make_inputs(shape, TORCH_DTYPES[dtype], device, torch.Generator().manual_seed(seed))
         expected = reference(**upcast(inputs))
         outputs = tuple(expected) if isinstance(expected, tuple) else (expected,)
-        answer = {"tuple": isinstance(expected, tuple), "outputs": [e.detach() for e in outputs]}
+        answer = Expected(tuple=isinstance(expected, tuple), outputs=[e.detach() for e in outputs])
         before = clone_inputs(inputs)
         for e in outputs:
             _poison_allocator(tuple(e.shape), TORCH_DTYPES[dtype], device)
@@ -44,7 +46,8 @@ def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor
         if device == "cuda":
             torch.cuda.synchronize()
         try:
-            err, _ = judge_call(record("check", seed, out, inputs, before), answer, device, dtype, tolerance)
+            call = Call.model_validate(record("check", seed, out, inputs, before), strict=True)
+            err, _ = judge_call(call, answer, device, dtype, tolerance)
         except CheckFailed as e:
             return Check(False, max(worst, normwise(out, expected)), seeds, f"seed {seed}: {e}")
         worst = max(worst, err)

@@ -4,27 +4,29 @@ the claims checked, the result assembled. The library does not print: progress g
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 from typing import Callable
 
 from casebook.case import Case
+from casebook.claims import Unpaired
+from casebook.levels import Scenario
 from casebook.load import load_case
-from casebook.result import ClaimPairedTiming, Point, Result
+from casebook.result import ClaimPairedTiming, HarnessCost, Point, Result, ResumedPart
 from casebook.run import counters as counters_mod
 from casebook.run import hardware, interference, judge, transport
 from casebook.run.answers import Answers, default_budget, fixed_seeds
-from casebook.run.assemble import assemble, command_line, intensity_check, now, sources_of
+from casebook.run.assemble import Run, assemble, command_line, intensity_check, now, sources_of
 from casebook.run.bench import CPU, MAX_INPUT_SETS, QUICK, Protocol
 from casebook.run.check import TORCH_DTYPES
 from casebook.run.child import Task, kept_calls
 from casebook.run.child import work as measure_work
 from casebook.run.inputs import unblended
 from casebook.run.isolate import Worker
+from casebook.run.messages import Answer, Call, PairRun, PointRun, ScenarioRun, Stopped, read
 from casebook.run.oracle import work as oracle_work
-from casebook.run.plan import pair_tasks, plan, traffic_task, variant_env
+from casebook.run.plan import Group, pair_tasks, plan, traffic_task, variant_env
 from casebook.run.rank import measure_topology
 from casebook.run.resume import point_key, resumable
 
@@ -60,67 +62,60 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
                           f"not resuming {resume.started_at}: {why}; measuring afresh"})
         if not why:
             ceilings = resume.hardware.measured.model_dump(mode="json", by_alias=True, exclude_unset=True)
-            parts = [*(r.model_dump(mode="json") for r in resume.resumed or []),
-                     {"finished_at": resume.finished_at, "resumed_at": now(), "points": len(reuse)}]
+            parts = [*(resume.resumed or []),
+                     ResumedPart(finished_at=resume.finished_at, resumed_at=now(), points=len(reuse))]
     progress("ceilings", {"hardware": ident["name"]})
     since = time.time()
-    run = {"path": Path(path), "case": case, "ident": ident, "on_gpu": on_gpu,
-           "command": command_line(Path(path), only, quick, counters, argv), "argv": argv,
-           "started": resume.started_at if parts else now("microseconds"), "resumed": parts,
-           "sources": sources, "ceilings": ceilings or hardware.ceilings(), "loaded": set(),
-           "env": hardware.environment(), "reuse": reuse}
-    run["env"].update(clocks_start=hardware.clocks(), load_average_start=interference.load_average(),
-                      cpu_threads=interference.cpu_threads())
+    run = Run(path=Path(path), case=case, ident=ident, command=command_line(Path(path), only, quick, counters, argv),
+              argv=argv, started=resume.started_at if parts else now("microseconds"), resumed=parts,
+              sources=sources, ceilings=ceilings or hardware.ceilings(), reuse=reuse,
+              env={**hardware.environment(), "clocks_start": hardware.clocks(),
+                   "load_average_start": interference.load_average(), "cpu_threads": interference.cpu_threads()})
     progress("note", {"message": "ceilings: " + ("those of the run resumed" if parts else "given by the caller"
-                                                  if ceilings else hardware.provenance_of(run["ceilings"], since))})
+                                                  if ceilings else hardware.provenance_of(run.ceilings, since))})
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
         progress("topology", {"devices": case.kernel.devices})
         ident["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
-    groups = plan(case, on_gpu, protocol, run["ceilings"], only, (ident.get("topology") or {}).get("bus_gbps"))
-    progress("plan", {"total": sum(len(g["tasks"]) for g in groups.values()), "variants": list(groups)})
+    groups = plan(case, on_gpu, protocol, run.ceilings, only, (ident.get("topology") or {}).get("bus_gbps"))
+    progress("plan", {"total": sum(len(g.tasks) for g in groups.values()), "variants": list(groups)})
 
     device = "cuda" if on_gpu else "cpu"
-    arena, run["crossing"] = transport.arena_for(device)
-    progress("note", {"message": f"crossing: {run['crossing']}"})
+    arena, run.crossing = transport.arena_for(device)
+    progress("note", {"message": f"crossing: {run.crossing}"})
     oracle_env = variant_env(interpreted=False, devices=case.kernel.devices)
     with Worker(oracle_work, oracle_env, arena=arena, spill=False) as oracle:  # one oracle: it runs no variant
         oracle.start()  # its start (seconds of imports) goes on beside the first variant's child's (`_measure`)
-        run["answers"] = Answers(oracle, timeout_s, default_budget(device))
-        outcomes = _measure(run, groups, protocol, timeout_s, progress, checkpoint)
+        run.answers = Answers(oracle, timeout_s, default_budget(device))
+        _measure(run, groups, protocol, timeout_s, progress, checkpoint)
     if parts:  # the points kept from the run cut short: those of this plan, not every one that run held
-        parts[-1]["points"] = sum(1 for pairs in outcomes.values() for _, p in pairs
-                                  if isinstance(p.get("harness"), dict) and p["harness"].get("kept"))
-    run["sources"] = sources_of(Path(path), case, run["sources"], run["loaded"])
-    doc = assemble(run, protocol, groups, outcomes, complete=True)
-    result = Result.model_validate(doc)
+        parts[-1].points = sum(1 for g in groups.values() for _, p in g.outcomes if p.harness and p.harness.kept)
+    run.sources = sources_of(Path(path), case, run.sources, run.loaded)
+    result = assemble(run, protocol, groups, complete=True)
     if counters:
         if checkpoint is not None:
             checkpoint(result)
         rows = counters_mod.read(case, result, progress=lambda msg: progress("note", {"message": msg}))
-        result = Result.model_validate({**doc, "counters": rows})
+        result = result.model_copy(update={"counters": rows})
     return result
 
 
-def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, progress: Progress, checkpoint) -> dict:
-    """Every group's tasks, the traffic model's intensity and the paired timings, into `run`; the outcomes. After
+def _measure(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float, progress: Progress,
+             checkpoint) -> None:
+    """Every group's tasks, the traffic model's intensity and the paired timings, into `groups` and `run`. After
     each point, the result as it stands goes to `checkpoint`."""
-    case = run["case"]
-    outcomes: dict[str, list[tuple[Task, dict]]] = {}
-    order = [n for n, g in groups.items() if g["tasks"]]
+    case = run.case
+    order = [n for n, g in groups.items() if g.tasks]
     ahead: Worker | None = None
     try:
-        for name, g in groups.items():
-            tasks, mine = g["tasks"], []
-            outcomes[name] = mine
+        for n, (name, g) in enumerate(groups.items()):
 
-            def done(i, payload, tasks=tasks, mine=mine):
-                mine.append((tasks[i], payload))
-                progress("task", {"task": tasks[i], "payload": payload})
-                if checkpoint is not None:
-                    checkpoint(Result.model_validate(assemble(run, protocol, {n: groups[n] for n in outcomes},
-                                                              outcomes, complete=False)))
+            def done(i, record, g=g, n=n):
+                g.outcomes.append((g.tasks[i], record))
+                progress("task", {"task": g.tasks[i], "payload": record})
+                if checkpoint is not None:  # the variants so far
+                    checkpoint(assemble(run, protocol, dict(list(groups.items())[:n + 1]), complete=False))
 
-            if not tasks:  # a variant with no backend here
+            if not g.tasks:  # a variant with no backend here
                 continue
             t0 = time.perf_counter()
             worker = ahead if ahead is not None else _variant_worker(g, case)
@@ -128,58 +123,57 @@ def _measure(run: dict, groups: dict, protocol: Protocol, timeout_s: float, prog
             following = order[order.index(name) + 1:]
             # On a GPU the next variant's child starts now, its start overlapping this variant's GPU work; a CPU
             # run starts each child in turn (a start would take a core from the timing).
-            ahead = _variant_worker(groups[following[0]], case) if run["on_gpu"] and following else None
+            ahead = _variant_worker(groups[following[0]], case) if run.on_gpu and following else None
             if ahead is not None:
                 ahead.start()
-            execute(tasks, timeout_s=timeout_s, env=_child_env(g, case), on_done=done, loaded=run["loaded"],
-                    answers=run["answers"], reuse=run["reuse"], worker=worker)
-            _variant_done(g, mine, name, t0, progress)
+            execute(g.tasks, timeout_s=timeout_s, env=_child_env(g, case), on_done=done, loaded=run.loaded,
+                    answers=run.answers, reuse=run.reuse, worker=worker)
+            _variant_done(g, name, t0, progress)
     finally:
         if ahead is not None:  # cut short: the child started for the next variant ends too
             ahead.release()
-    return _claims_stage(run, outcomes, protocol, timeout_s, progress)
+    _claims_stage(run, groups, protocol, timeout_s, progress)
 
 
-def _variant_done(g: dict, mine: list, name: str, t0: float, progress: Progress) -> None:
+def _variant_done(g: Group, name: str, t0: float, progress: Progress) -> None:
     """A variant's cost, recorded in its group and reported: its wall time, and of it, the timed calls measured now
     (not those kept from a run cut short)."""
-    g["wall_s"] = time.perf_counter() - t0
-    g["timed_s"] = sum(p["harness"].get("timed_s") or 0.0 for _, p in mine
-                       if isinstance(p.get("harness"), dict) and not p["harness"].get("kept"))
-    progress("variant", {"name": name, "points": len(mine), "wall_s": g["wall_s"], "timed_s": g["timed_s"],
-                         "kept": sum(1 for _, p in mine if p.get("harness", {}).get("kept")),
-                         "crossing": sorted({p["harness"]["crossing"] for _, p in mine
-                                             if p.get("harness", {}).get("crossing")})})
+    costs = [p.harness for _, p in g.outcomes if p.harness is not None]
+    g.wall_s = time.perf_counter() - t0
+    g.timed_s = sum(h.timed_s or 0.0 for h in costs if not h.kept)
+    progress("variant", {"name": name, "points": len(g.outcomes), "wall_s": g.wall_s, "timed_s": g.timed_s,
+                         "kept": sum(1 for h in costs if h.kept),
+                         "crossing": sorted({h.crossing for h in costs if h.crossing})})
 
 
-def _child_env(g: dict, case: Case) -> dict:
+def _child_env(g: Group, case: Case) -> dict:
     """A variant's child's environment (`variant_env`)."""
-    on_cpu = g["device"] == "cpu"
-    return variant_env(interpreted=on_cpu and not g["timed"], devices=case.kernel.devices, cpu=on_cpu and g["timed"])
+    on_cpu = g.device == "cpu"
+    return variant_env(interpreted=on_cpu and not g.timed, devices=case.kernel.devices, cpu=on_cpu and g.timed)
 
 
-def _variant_worker(g: dict, case: Case) -> Worker:
+def _variant_worker(g: Group, case: Case) -> Worker:
     """The child a variant's tasks run in, not yet started: Triton's interpreter where it is only checked, and the
     memory its outputs cross in where its device has some to lend."""
-    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g["device"])[0])
+    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g.device)[0])
 
 
-def _claims_stage(run: dict, outcomes: dict, protocol: Protocol, timeout_s: float, progress: Progress) -> dict:
-    """The traffic model's intensity and the paired timings of the speedup claims, into `run`; the outcomes."""
-    case = run["case"]
-    run["intensity"] = intensity_check(case, run["answers"].oracle.request(traffic_task(case), timeout_s))
-    pairs = pair_tasks(case, run["ident"]["slug"], outcomes, protocol)
+def _claims_stage(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float,
+                  progress: Progress) -> None:
+    """The traffic model's intensity and the paired timings of the speedup claims, into `run`."""
+    case = run.case
+    run.intensity = intensity_check(case, read(Answer, run.answers.oracle.request(traffic_task(case), timeout_s)))
+    pairs = pair_tasks(case, run.ident["slug"], groups, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
 
-        def paired(i, payload):
-            progress("task", {"task": pairs[i], "payload": payload})
+        def paired(i, record):
+            progress("task", {"task": pairs[i], "payload": record})
 
-        env = variant_env(interpreted=False, devices=case.kernel.devices, cpu=not run["on_gpu"])
-        payloads = execute(pairs, timeout_s=timeout_s, env=env,
-                           on_done=paired, loaded=run["loaded"], answers=run["answers"])
-        run["pairs"] = list(zip(pairs, payloads))
-    return outcomes
+        env = variant_env(interpreted=False, devices=case.kernel.devices, cpu=not run.on_gpu)
+        records = execute(pairs, timeout_s=timeout_s, env=env, on_done=paired, loaded=run.loaded,
+                          answers=run.answers)
+        run.pairs = list(zip(pairs, records))
 
 
 def reference_seeds(task: Task) -> set[int]:
@@ -197,33 +191,36 @@ def names_reference(task: Task, name) -> bool:
     return seed in reference_seeds(task) if blend_seed is None else seed in (task.seed, task.seed + 1)
 
 
-def call_bytes(answers: dict, dtype: str) -> int:
+def call_bytes(answer: Answer | Stopped, dtype: str) -> int:
     """The room one call's outputs take in the arena, at the reference's shapes and the point's dtype (`ALIGN`ed
     each): what a variant that returns what the reference does needs. 0 where the reference gave nothing."""
-    first = next((e for e in (answers.get("expected") or {}).values() if isinstance(e, dict)), None)
+    first = next(iter(answer.expected.values()), None) if isinstance(answer, Answer) else None
     total = 0
-    for e in (first or {}).get("outputs") or []:
-        if not hasattr(e, "is_floating_point"):
-            continue
+    for e in first.outputs if first is not None else []:
         size = TORCH_DTYPES[dtype].itemsize if e.is_floating_point() else e.element_size()
         total += transport.aligned(e.numel() * size)
     return total
 
 
+Record = Point | Scenario | ClaimPairedTiming | Unpaired
+"""What the judge makes of a task: a point, a scenario, a paired timing."""
+
+
 def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers | None = None,
-            on_done: Callable[[int, dict], None] | None = None, loaded: set | None = None,
-            reuse: dict | None = None, worker: Worker | None = None) -> list[dict]:
-    """Each task run in the variant's child (`child.work`, which only executes), judged here (`casebook.run.judge`)
-    against the reference's answers (`answers`, from a child that never calls a variant; one of its own where not
-    given). One payload per task, in order; `loaded` gathers the kernel modules the variant's child imported.
-    `reuse`: payloads already measured, by `point_key` (a resumed run's), which are not measured again.
+            on_done: Callable[[int, Record], None] | None = None, loaded: set | None = None,
+            reuse: dict[tuple, Point] | None = None, worker: Worker | None = None) -> list[Record]:
+    """Each task run in the variant's child (`child.work`, which only executes), its answer read through its
+    declared message (`messages.read`) and judged here (`casebook.run.judge`) against the reference's answers
+    (`answers`, from a child that never calls a variant; one of its own where not given). One record per task, in
+    order; `loaded` gathers the kernel modules the variant's child imported. `reuse`: points already measured, by
+    `point_key` (a resumed run's), which are not measured again.
 
     A point's reference is asked for first: its outputs' shapes set the room the variant's child is lent for
     the outputs of its kept calls (`child.kept_calls`); on a GPU they cross in device memory
     (`casebook.run.transport`). Each point records what its measurement cost (`harness`): wall time, the time of its
     timed calls, the wait for the reference, the crossing and the judging. `worker`: the variant's child, where
     the caller has made (or started) it; released at the end either way."""
-    out: list[dict] = []
+    out: list[Record] = []
     if not tasks:
         return out
     if answers is None:
@@ -237,110 +234,111 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
             t0 = time.perf_counter()
             key = point_key(task.level, task.variant, task.shape, task.dtype)
             if task.kind == "point" and reuse and key in reuse:
-                payload = {**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}}
+                kept = reuse[key]
+                record = kept.model_copy(update={"harness": (kept.harness or HarnessCost()).model_copy(
+                    update={"kept": True})})
             elif task.kind == "pair":
-                payload = _sound(task, lambda: _pair(task, variant, answers, timeout_s), variant)
+                record = _sound(task, lambda: _pair(task, variant, answers, timeout_s), variant)
             elif task.kind == "end_to_end":
-                payload = _sound(task, lambda: _scenario(task, variant, timeout_s, t0), variant)
+                record = _sound(task, lambda: _scenario(task, variant, timeout_s, t0), variant)
             else:
-                payload = _sound(task, lambda: _point(task, variant, answers, timeout_s, loaded, t0), variant)
-            out.append(payload)
+                record = _sound(task, lambda: _point(task, variant, answers, timeout_s, loaded, t0), variant)
+            out.append(record)
             if on_done is not None:
-                on_done(i, payload)
+                on_done(i, record)
     return out
 
 
 MALFORMED = (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)
-"""What judging a child's answer raises where the answer is not in the shape the harness sends (a forged message
-the transport could not tell from a true one: right framing, wrong contents)."""
+"""What judging a child's answer raises where the answer, though in the format (`messages.read`), does not make a
+record: a number the result's model refuses (not finite, say), a tensor the arithmetic cannot take. A
+`pydantic.ValidationError` is a ValueError."""
 
 
-def _sound(task: Task, judged: Callable[[], dict], variant: Worker) -> dict:
-    """The record `judged()` makes of a task, where the child's answer makes one: judged without an exception, and
-    a valid record (the result's model) of finite numbers. Else the task crashed, with why, and its child is
-    replaced: a child that sent a forged answer may still send the true one, which must not answer the next task.
-    A malformed answer ends its own task, never the run."""
+def _sound(task: Task, judged: Callable[[], Record], variant: Worker) -> Record:
+    """The record `judged()` makes of a task, where the child's answer makes one: a record of its declared type
+    (`casebook.result`, whose numbers are finite). Else the task crashed, with why, and its child is replaced: a
+    child that sent a forged answer may still send the true one, which must not answer the next task. A
+    malformed answer ends its own task, never the run."""
     try:
-        payload = judged()
-        json.dumps(payload, allow_nan=False)  # every number finite: a stored result is strict JSON
-        if task.kind == "point":
-            Point.model_validate({"variant": task.variant, "shape": task.shape, "dtype": task.dtype, **payload})
-        elif task.kind == "pair" and payload.get("status") == "ok":
-            ClaimPairedTiming.model_validate({"shape": task.shape, "dtype": task.dtype, **payload})
-        return payload
+        return judged()
     except MALFORMED as e:
         variant.close()
-        return {"status": "crashed", "error": f"the child's answer does not make a record ({type(e).__name__}: "
-                                              f"{str(e).splitlines()[0][:200] if str(e) else ''})"}
+        error = (f"the child's answer does not make a record ({type(e).__name__}: "
+                 f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+        if task.kind == "point":
+            return Point(variant=task.variant, shape=task.shape, dtype=task.dtype, status="crashed", error=error)
+        return Unpaired("crashed", error) if task.kind == "pair" else Scenario(status="crashed", error=error)
 
 
-def _pair(task: Task, variant: Worker, answers: Answers, timeout_s: float) -> dict:
+def _pair(task: Task, variant: Worker, answers: Answers, timeout_s: float) -> ClaimPairedTiming | Unpaired:
     """A paired timing, its two variants' kept outputs judged against the ladder point's answers (the same seeds:
     asked for once a run), room lent for both."""
     fixed = answers.get(task, fixed_seeds(task))
-    room = 2 * kept_calls(True) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
-    raw = variant.request(task, timeout_s, room=room)
-    kept = raw.get("calls") if raw.get("status") == "ran" and isinstance(raw.get("calls"), dict) else {}
-    recs = [r for c in kept.values() if isinstance(c, list) for r in c]
-    return judge.pair(task, raw, _reference(task, recs, fixed, answers)[0] if fixed.get("status") == "ok" else fixed)
+    run = read(PairRun, variant.request(task, timeout_s, room=2 * kept_calls(True) * call_bytes(fixed, task.dtype)))
+    recs = [*run.calls.variant, *run.calls.over] if isinstance(run, PairRun) else []
+    return judge.pair(task, run, _reference(task, recs, fixed, answers)[0])
 
 
-def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> dict:
+def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> Scenario:
     """The scenario timed with the variant (level 3), judged, with what it cost."""
-    raw = variant.request(task, timeout_s)
-    return {**judge.end_to_end(task, raw), "harness": {
-        "wall_s": time.perf_counter() - t0,
-        "timed_s": _timed_s(raw.get("scenario_times_us"), raw.get("kernel_times_us"))}}
+    run = read(ScenarioRun, variant.request(task, timeout_s))
+    timed = _timed_s(run.scenario_times_us, run.kernel_times_us) if isinstance(run, ScenarioRun) else 0.0
+    return judge.end_to_end(task, run).model_copy(update={"harness": HarnessCost(
+        wall_s=time.perf_counter() - t0, timed_s=timed)})
 
 
-def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, loaded: set | None, t0: float) -> dict:
+def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, loaded: set | None, t0: float) -> Point:
     """One point: the reference's answers, the variant's run with room lent for its outputs, the judgement."""
-    fixed = answers.get(task, fixed_seeds(task)) if task.devices == 1 else {"status": "ok", "expected": {}}
+    fixed = answers.get(task, fixed_seeds(task)) if task.devices == 1 else Answer(status="ok")
     oracle_s = answers.last_s
-    room = kept_calls(task.timed) * call_bytes(fixed, task.dtype) if fixed.get("status") == "ok" else 0
+    room = kept_calls(task.timed) * call_bytes(fixed, task.dtype)
     taken = variant.arena.taken if variant.arena is not None else 0
-    raw = variant.request(task, timeout_s, room=room)
+    run = read(PointRun, variant.request(task, timeout_s, room=room))
     transport_s = variant.receive_s
     crossing = "device" if variant.arena is not None and variant.arena.taken > taken else "host"
     if crossing == "host" and room and variant.crossing_error:
         crossing = f"host: the child could not map the memory lent to it ({variant.crossing_error})"
-    if loaded is not None and isinstance(raw.get("loaded"), list):
-        loaded.update(m for m in raw["loaded"] if isinstance(m, str))
-    reference = None
-    if raw.get("status") == "ran":
-        recs = [r for c in raw.get("rank_calls") or [raw.get("calls") or []] for r in c or []]
+    if loaded is not None:
+        loaded.update(run.loaded)
+    reference = fixed
+    if isinstance(run, PointRun):
+        recs = [r for c in run.rank_calls or [run.calls] for r in c]
         reference, asked_s = _reference(task, recs, fixed, answers)
         oracle_s += asked_s
     del fixed
     t1 = time.perf_counter()
-    payload = judge.point(task, raw, reference)
-    raw.pop("calls", None)  # the outputs: judged, and let go before the next point
-    raw.pop("rank_calls", None)
+    record = judge.point(task, run, reference)
     del reference
     transport.give_back_device_memory(keeping=answers.held)  # the parent holds only its kept answers between tasks
     t2 = time.perf_counter()
-    ranks = raw.get("rank_times_us") if isinstance(raw.get("rank_times_us"), list) else []
-    timed_s = max([_timed_s(raw.get("times_us"))] + [_timed_s(r) for r in ranks])  # ranks time side by side
-    payload["harness"] = {"wall_s": t2 - t0, "timed_s": timed_s, "oracle_s": oracle_s, "transport_s": transport_s,
-                          "judge_s": t2 - t1, "crossing": crossing}
-    return payload
+    # ranks time side by side: the point took the longest rank's time
+    timed_s = max(_timed_s(t) for t in [run.times_us, *(run.rank_times_us or [])]) if isinstance(
+        run, PointRun) else 0.0
+    del run  # the outputs: judged, and let go before the next point
+    record.harness = HarnessCost(wall_s=t2 - t0, timed_s=timed_s, oracle_s=oracle_s, transport_s=transport_s,
+                                 judge_s=t2 - t1, crossing=crossing)
+    return record
 
 
-def _reference(task: Task, recs: list, fixed: dict, answers: Answers) -> tuple[dict, float]:
+def _reference(task: Task, recs: list[Call], fixed: Answer | Stopped, answers: Answers) -> tuple[Answer | Stopped,
+                                                                                                  float]:
     """The reference's answers for every seed the kept records name (`reference_seeds`): those asked for before
     the call (`fixed`), and the rest (a blended set, a cold graph's further input sets) asked for now; with the
     seconds the asking took."""
-    seeds = sorted({r.get("seed") for r in recs if isinstance(r, dict) and names_reference(task, r.get("seed"))})
-    have = (fixed.get("expected") or {}) if fixed.get("status") == "ok" else {}
-    more = [s for s in seeds if not isinstance(have.get(str(s)), dict)]
-    reference = answers.get(task, more) if more else {**fixed, "expected": {}}
-    if reference.get("status") == "ok":  # the answers already here are not asked for (nor held) twice
-        reference = {**reference, "expected": {**have, **reference["expected"]},
-                     "traffic": reference.get("traffic") or fixed.get("traffic") or {}}
-    return reference, answers.last_s if more else 0.0
+    if isinstance(fixed, Stopped):
+        return fixed, 0.0
+    seeds = sorted({r.seed for r in recs if names_reference(task, r.seed)})
+    more = [s for s in seeds if str(s) not in fixed.expected]
+    if not more:
+        return fixed, 0.0
+    reference = answers.get(task, more)
+    if isinstance(reference, Answer):  # the answers already here are not asked for (nor held) twice
+        reference = Answer(status="ok", expected={**fixed.expected, **reference.expected},
+                           traffic=reference.traffic or fixed.traffic)
+    return reference, answers.last_s
 
 
-def _timed_s(*runs) -> float:
+def _timed_s(*runs: list[float] | None) -> float:
     """Seconds of timed repetitions in the lists of microseconds given (what timing measured, not what it cost)."""
-    return sum(t for times in runs if isinstance(times, list) for t in times
-               if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)) / 1e6
+    return sum(t for times in runs for t in times or [] if math.isfinite(t)) / 1e6

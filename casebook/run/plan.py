@@ -4,7 +4,7 @@ roofs; the paired timings its speedup claims ask for."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from casebook import claims as claims_mod
 from casebook import paths
@@ -38,8 +38,26 @@ def _roofs(ceilings: dict, dtype: str, link_gbps: float | None = None) -> dict:
     return roofs
 
 
+@dataclass
+class Group:
+    """One variant's share of a run: where it runs (`placement`), its tasks (one child process), and as the run
+    goes, what the judge made of each and what the variant cost."""
+
+    variant: Variant
+    device: str | None
+    """cuda or cpu; None: no backend of it here."""
+    timed: bool
+    tasks: list[Task]
+    outcomes: list = field(default_factory=list)
+    """(task, record) as each task is judged: a `Point`, or the scenario's `levels.Scenario`."""
+    wall_s: float | None = None
+    """From its first task to its last, seconds; None until it ran."""
+    timed_s: float | None = None
+    """Of that, its timed repetitions measured in this run, seconds."""
+
+
 def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None,
-         link_gbps: float | None = None) -> dict:
+         link_gbps: float | None = None) -> dict[str, Group]:
     """Tasks per variant (one child process each), levels 1 and 2 then level 3. `link_gbps`: a multi-device
     case's measured interconnect ceiling, the roof of its traffic model's link bytes."""
     k, lv = case.kernel, case.levels
@@ -47,13 +65,13 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
     workload = lv.workload.shapes if on_gpu else lv.workload.cpu_shapes
     e2e_shape = lv.end_to_end.shape if on_gpu else lv.end_to_end.cpu_shape
     proto = asdict(replace(protocol, cache=lv.kernel.cache, graph=lv.kernel.graph))
-    groups: dict[str, dict] = {}
+    groups: dict[str, Group] = {}
     for v in k.variants:
         if only and v.name not in only and v.name != k.baseline:
             continue
         where = placement(v, on_gpu)
         if where is None:
-            groups[v.name] = {"variant": v, "device": None, "timed": False, "tasks": []}
+            groups[v.name] = Group(v, None, False, [])
             continue
         device, timed = where
         common = dict(module=k.module, variant=v.name, fn=v.fn, device=device, timed=timed, protocol=proto,
@@ -68,7 +86,7 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
             tasks.append(Task(kind="end_to_end", shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
                               seed=SEED + 2000, scenario=lv.end_to_end.scenario,
                               scenario_inputs=lv.end_to_end.inputs, **common))
-        groups[v.name] = {"variant": v, "device": device, "timed": timed, "tasks": tasks}
+        groups[v.name] = Group(v, device, timed, tasks)
     return groups
 
 
@@ -124,11 +142,11 @@ PAIR_TIME_CAP_S = 0.5
 """A paired timing's each measurement stops here at the latest; a shape takes 12 of them."""
 
 
-def pair_tasks(case: Case, slug: str, outcomes: dict, protocol: Protocol) -> list[Task]:
+def pair_tasks(case: Case, slug: str, groups: dict[str, Group], protocol: Protocol) -> list[Task]:
     """A paired timing (`child._pair`) for each point of each kernel-level speedup claim that names its
     shapes and applies here, where both variants were timed and measured ok in the ladder."""
-    ok = {(t.variant, shape_label(t.shape), t.dtype): t for pairs in outcomes.values()
-          for t, p in pairs if t.kind == "point" and t.level == "kernel" and p.get("status") == "ok"}
+    ok = {(t.variant, shape_label(t.shape), t.dtype): t for g in groups.values()
+          for t, p in g.outcomes if t.kind == "point" and t.level == "kernel" and p.status == "ok"}
     cap = min(protocol.time_cap_s, PAIR_TIME_CAP_S)
     tasks, seen = [], set()
     for claim in case.claims:

@@ -4,7 +4,7 @@ code, case, harness, machine and protocol."""
 from __future__ import annotations
 
 from casebook.case import Case
-from casebook.result import Result, shape_label
+from casebook.result import Point, Result, shape_label
 from casebook.run import hardware
 from casebook.run.bench import Protocol
 
@@ -18,9 +18,11 @@ RESUME_PROTOCOL = ("warmup_ms", "min_reps", "max_reps", "target_ci", "time_cap_s
 `measurement_sha256` covers)."""
 
 
-def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol, sources: dict) -> tuple[dict, str | None]:
-    """The points of `kept` a run of `case` here may keep, by `point_key`, as the payloads they were judged from;
-    or why none: another case, kernel code, measured part of the case, harness, machine or timing protocol."""
+def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol,
+              sources: dict) -> tuple[dict[tuple, Point], str | None]:
+    """The points of `kept` a run of `case` here may keep, by `point_key`, as the judge made them (without what the
+    run's levels add: speedup, weight, source); or why none: another case, kernel code, measured part of the case,
+    harness, machine or timing protocol."""
     differs = [what for what, a, b in (
         ("case", kept.case_id, case.id),
         ("kernel code (kernel_sha256)", kept.kernel_sha256, sources["kernel_sha256"]),
@@ -36,10 +38,8 @@ def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol, sources
     for level, points in (("kernel", kept.kernel_level), ("workload", kept.workload_level.points)):
         for p in points:
             if p.status in REUSED:
-                doc = p.model_dump(mode="json", by_alias=True, exclude_unset=True)
-                for k in ("variant", "shape", "dtype", "speedup", "weight", "source"):
-                    doc.pop(k, None)
-                out[point_key(level, p.variant, p.shape, p.dtype)] = doc
+                judged = {k: getattr(p, k) for k in p.model_fields_set - {"speedup", "weight", "source"}}
+                out[point_key(level, p.variant, p.shape, p.dtype)] = Point(**judged)
     return out, None
 
 
