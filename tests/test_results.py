@@ -52,15 +52,28 @@ def test_save_refuses_an_invalid_result_and_keeps_the_old_one(doc, tmp_path):
     assert path.read_bytes() == before and leftovers(tmp_path) == []
 
 
-def test_a_failure_while_writing_keeps_the_old_file(doc, tmp_path):
-    """NaN passes the model but not strict JSON: the write fails half-way, and the temp file goes."""
+def test_a_failure_while_writing_keeps_the_old_file(doc, tmp_path, monkeypatch):
+    """A NaN set after validation (an assignment is not validated) is refused before the write, and a write that
+    fails half-way (strict JSON refuses the NaN there too) leaves the old file and no temp file."""
     path = save(Result.model_validate(doc), tmp_path)
     before = path.read_bytes()
-    bad = copy.deepcopy(doc)
-    bad["kernel_level"][0]["median_us"] = float("nan")
-    with pytest.raises(ValueError, match="Out of range float"):
-        save(Result.model_validate(bad), tmp_path)
+    bad = Result.model_validate(doc)
+    bad.kernel_level[0].median_us = float("nan")
+    with pytest.raises(ValueError, match="finite number"):
+        save(bad, tmp_path)
     assert path.read_bytes() == before and leftovers(tmp_path) == []
+    monkeypatch.setattr(Result, "model_validate", lambda doc: None)  # the write itself fails now
+    with pytest.raises(ValueError, match="Out of range float"):
+        save(bad, tmp_path)
+    assert path.read_bytes() == before and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_number_that_is_not_finite_is_refused_by_the_model(doc, value):
+    bad = copy.deepcopy(doc)
+    bad["kernel_level"][0]["median_us"] = value
+    with pytest.raises(ValidationError, match=r"kernel_level\.0\.median_us\n  Input should be a finite number"):
+        Result.model_validate(bad)
 
 
 def test_save_replaces_the_old_result(doc, tmp_path):

@@ -187,7 +187,11 @@ def read(model: type[M], answer) -> M | Stopped:
             return Stopped.model_validate(answer, strict=True)
         return model.model_validate(answer, strict=True)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "the answer"
         return Stopped(status="crashed", error=f"the child's answer is not in the format ({e.error_count()} "
-                                               f"error(s); first, {where}: {first['msg']})")
+                                               f"error(s); first, {first_error(e)})")
+
+
+def first_error(e: ValidationError) -> str:
+    """A validation error's first complaint: where, and what is wrong there."""
+    first = e.errors()[0]
+    return f"{'.'.join(str(x) for x in first['loc']) or 'the answer'}: {first['msg']}"

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from pydantic import ValidationError
+
 from casebook.case import Case
 from casebook.claims import Unpaired
 from casebook.levels import Scenario
@@ -24,7 +26,7 @@ from casebook.run.child import Task, kept_calls
 from casebook.run.child import work as measure_work
 from casebook.run.inputs import unblended
 from casebook.run.isolate import Worker
-from casebook.run.messages import Answer, Call, PairRun, PointRun, ScenarioRun, Stopped, read
+from casebook.run.messages import Answer, Call, PairRun, PointRun, ScenarioRun, Stopped, first_error, read
 from casebook.run.oracle import work as oracle_work
 from casebook.run.plan import Group, pair_tasks, plan, traffic_task, variant_env
 from casebook.run.rank import measure_topology
@@ -264,8 +266,8 @@ def _sound(task: Task, judged: Callable[[], Record], variant: Worker) -> Record:
         return judged()
     except MALFORMED as e:
         variant.close()
-        error = (f"the child's answer does not make a record ({type(e).__name__}: "
-                 f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+        why = first_error(e) if isinstance(e, ValidationError) else str(e).splitlines()[0][:200] if str(e) else ""
+        error = f"the child's answer does not make a record ({type(e).__name__}: {why})"
         if task.kind == "point":
             return Point(variant=task.variant, shape=task.shape, dtype=task.dtype, status="crashed", error=error)
         return Unpaired("crashed", error) if task.kind == "pair" else Scenario(status="crashed", error=error)

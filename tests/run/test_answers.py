@@ -18,6 +18,7 @@ from casebook.run import orchestrate, transport
 from casebook.run.answers import Answers, fixed_seeds
 from casebook.run.bench import QUICK
 from casebook.run.child import Task
+from casebook.run.messages import Answer, Expected, Stopped
 from casebook.run.oracle import OracleTask, work
 
 KERNELS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
@@ -59,8 +60,8 @@ def answers(oracle: CountingOracle, budget: int = 2**30) -> Answers:
     return Answers(oracle, timeout_s=10.0, budget_bytes=budget)
 
 
-def outputs(payload: dict, seed: int) -> list[torch.Tensor]:
-    return payload["expected"][str(seed)]["outputs"]
+def outputs(answer: Answer, seed: int) -> list[torch.Tensor]:
+    return answer.expected[str(seed)].outputs
 
 
 def direct(t: Task, seed: int) -> torch.Tensor:
@@ -84,11 +85,11 @@ def test_two_variants_share_one_computation():
     two = a.get(second, fixed_seeds(second))
     assert oracle.calls == 1, "the second variant's answers were kept: the reference was not asked again"
     assert (a.computed, a.reused) == (3, 3) and a.last_s == 0.0
-    assert one["status"] == two["status"] == "ok" and one["traffic"] == two["traffic"] != {}
+    assert one.status == two.status == "ok" and one.traffic == two.traffic is not None
     for seed in seeds:
         [x], [y] = outputs(one, seed), outputs(two, seed)
         assert torch.equal(x, y) and torch.equal(x, direct(first, seed))
-        assert one["expected"][str(seed)]["tuple"] is False
+        assert one.expected[str(seed)].tuple is False
     assert not torch.equal(outputs(one, SEED)[0], outputs(one, SEED + 1)[0]), "each seed its own inputs"
 
 
@@ -96,7 +97,7 @@ def test_a_seed_asked_twice_in_one_get_is_computed_once():
     oracle = CountingOracle()
     a = answers(oracle)
     got = a.get(task(), [SEED, SEED, SEED + 1])
-    assert oracle.asked[0].seeds == (SEED, SEED + 1) and list(got["expected"]) == [str(SEED), str(SEED + 1)]
+    assert oracle.asked[0].seeds == (SEED, SEED + 1) and list(got.expected) == [str(SEED), str(SEED + 1)]
     assert a.computed == 2
 
 
@@ -135,10 +136,10 @@ def test_traffic_is_asked_for_once_per_shape_and_dtype_when_timed():
                                                task(dtype="bf16"), task(shape={"rows": 2, "cols": 8}))]
     assert [bool(t.traffic) for t in oracle.asked] == [True, False, False, True, True]
     assert [t.traffic for t in oracle.asked if t.traffic] == ["traffic"] * 3
-    assert all(g["status"] == "ok" for g in got)
-    fp32 = got[0]["traffic"]
-    assert fp32["bytes"] == 2 * SHAPE["rows"] * SHAPE["cols"] * 4 and got[1]["traffic"] == got[2]["traffic"] == fp32
-    assert got[3]["traffic"]["bytes"] == fp32["bytes"] / 2, "bf16: half the bytes of fp32"
+    assert all(g.status == "ok" for g in got)
+    fp32 = got[0].traffic
+    assert fp32.bytes == 2 * SHAPE["rows"] * SHAPE["cols"] * 4 and got[1].traffic == got[2].traffic == fp32
+    assert got[3].traffic.bytes == fp32.bytes / 2, "bf16: half the bytes of fp32"
     assert len(a.traffic) == 3
 
 
@@ -147,7 +148,7 @@ def test_traffic_is_never_asked_for_untimed_points():
     a = answers(oracle)
     t = task(timed=False)
     got = a.get(t, fixed_seeds(t))
-    assert oracle.calls == 1 and oracle.asked[0].traffic == "" and got["traffic"] == {}
+    assert oracle.calls == 1 and oracle.asked[0].traffic == "" and got.traffic is None
     assert a.traffic == {}
     a.get(task(timed=False, dtype="bf16"), [SEED])
     assert [x.traffic for x in oracle.asked] == ["", ""]
@@ -160,7 +161,7 @@ def test_a_timed_point_after_an_untimed_one_asks_for_the_traffic_alone():
     a.get(task(timed=False), [SEED, SEED + 1])
     got = a.get(task(), [SEED, SEED + 1])
     assert len(oracle.asked) == 2 and oracle.asked[1].seeds == () and oracle.asked[1].traffic == "traffic"
-    assert got["traffic"]["bytes"] > 0 and a.computed == 2 and a.reused == 2
+    assert got.traffic.bytes > 0 and a.computed == 2 and a.reused == 2
     a.get(task("slower"), [SEED])
     assert len(oracle.asked) == 2
 
@@ -168,7 +169,7 @@ def test_a_timed_point_after_an_untimed_one_asks_for_the_traffic_alone():
 def test_a_case_without_a_traffic_model_is_not_asked_for_one():
     oracle = CountingOracle()
     a = answers(oracle)
-    assert a.get(task(traffic=""), [SEED])["traffic"] == {}
+    assert a.get(task(traffic=""), [SEED]).traffic is None
     a.get(task(traffic=""), [SEED])
     assert oracle.calls == 1 and oracle.asked[0].traffic == ""
 
@@ -185,7 +186,7 @@ def test_nothing_is_kept_under_a_budget_smaller_than_one_answer():
     assert oracle.calls == 2 and a.kept == {} and a.held == 0
     assert (a.computed, a.reused) == (2, 0)
     for got in (first, second):
-        assert got["status"] == "ok" and torch.equal(outputs(got, SEED)[0], direct(t, SEED))
+        assert got.status == "ok" and torch.equal(outputs(got, SEED)[0], direct(t, SEED))
     assert oracle.asked[1].traffic == "", "the traffic model is kept whatever the budget"
 
 
@@ -214,17 +215,22 @@ def test_the_first_answers_that_fit_are_kept_and_none_is_evicted():
 # --- the reference's failures ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("failure", [
-    {"status": "crashed", "error": "child process died (exit code -6)"},
-    {"status": "timeout", "error": "no answer within 10 s: killed"},
-    {"status": "ok", "expected": None},
+@pytest.mark.parametrize("failure, said", [
+    ({"status": "crashed", "error": "child process died (exit code -6)"}, "child process died (exit code -6)"),
+    ({"status": "timeout", "error": "no answer within 10 s: killed"}, "no answer within 10 s: killed"),
+    ({"status": "ok", "expected": None}, "not in the format (1 error(s); first, expected: Input should be a valid "
+                                         "dictionary)"),
+    ({"status": "ok", "expected": {"5": {"tuple": False, "outputs": ["not a tensor"]}}},
+     "first, expected.5.outputs.0: Input should be an instance of Tensor"),
 ])
-def test_a_failure_of_the_reference_is_returned_as_it_is(failure):
+def test_a_failure_of_the_reference_is_returned_as_it_is(failure, said):
     oracle = CountingOracle(answer=failure)
     a = answers(oracle)
-    assert a.get(task(), fixed_seeds(task())) == failure
+    got = a.get(task(), fixed_seeds(task()))
+    assert isinstance(got, Stopped) and said in got.error
+    assert got.status == (failure["status"] if failure["status"] != "ok" else "crashed")
     assert a.kept == {} and a.traffic == {} and a.computed == 0
-    assert a.get(task(), [SEED]) == failure and oracle.calls == 2, "nothing kept: asked again"
+    assert a.get(task(), [SEED]) == got and oracle.calls == 2, "nothing kept: asked again"
 
 
 def test_a_failure_leaves_what_was_kept_before_it():
@@ -232,7 +238,7 @@ def test_a_failure_leaves_what_was_kept_before_it():
     a = answers(oracle)
     kept = a.get(task(), [SEED])
     oracle.answer = {"status": "crashed", "error": "child process died"}
-    assert a.get(task(), [SEED, SEED + 1]) == oracle.answer
+    assert a.get(task(), [SEED, SEED + 1]) == Stopped(**oracle.answer)
     assert torch.equal(outputs(a.get(task("slower"), [SEED]), SEED)[0], outputs(kept, SEED)[0])
     assert oracle.calls == 2
 
@@ -249,9 +255,9 @@ def test_fixed_seeds():
 # --- the room a variant's child is lent -------------------------------------------------------------------
 
 
-def expected(*outputs, is_tuple: bool | None = None) -> dict:
-    return {"status": "ok", "expected": {"5": {"tuple": len(outputs) > 1 if is_tuple is None else is_tuple,
-                                               "outputs": list(outputs)}}}
+def expected(*outputs, is_tuple: bool | None = None) -> Answer:
+    return Answer(status="ok", expected={"5": Expected(tuple=len(outputs) > 1 if is_tuple is None else is_tuple,
+                                                       outputs=list(outputs))})
 
 
 def test_call_bytes_counts_float_outputs_at_the_points_dtype():
@@ -280,9 +286,7 @@ def test_call_bytes_keeps_integer_outputs_own_itemsize():
 
 
 @pytest.mark.parametrize("payload", [
-    {}, {"status": "crashed", "error": "died"}, {"status": "ok", "expected": {}}, {"status": "ok", "expected": None},
-    {"status": "ok", "expected": {"5": None}}, {"status": "ok", "expected": {"5": {"tuple": False, "outputs": []}}},
-    {"status": "ok", "expected": {"5": {"tuple": False, "outputs": ["not a tensor"]}}},
+    Stopped(status="crashed", error="died"), Answer(status="ok"), expected(is_tuple=False),
 ])
 def test_call_bytes_of_nothing_is_zero(payload):
     assert orchestrate.call_bytes(payload, "bf16") == 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from casebook.result import Launches
 from casebook.run.bench import Protocol
 from casebook.run.child import Task
 from casebook.run.orchestrate import execute
@@ -59,7 +60,7 @@ EXPECTED = [
 
 
 @pytest.fixture(scope="module")
-def payloads() -> list[dict]:
+def payloads() -> list:
     tasks = [t for t, _, _ in EXPECTED]
     tasks.append(replace(task("honest"), kind="pair", over="slower", over_fn="slower"))
     tasks.append(Task(kind="end_to_end", module="cheats", variant="honest", fn="honest", shape={"rows": 8, "cols": 50},
@@ -72,66 +73,66 @@ def payloads() -> list[dict]:
 def test_outcome(payloads, i):
     t, status, words = EXPECTED[i]
     p = payloads[i]
-    assert p["status"] == status, p
+    assert p.status == status, p
     if words:
-        assert words in p["error"], p["error"]
+        assert words in p.error, p.error
     if t.variant == "cached_after_check":
-        assert "timed call" in p["error"] or p["error"].startswith(f"after timing: seed {SEED + 3}: "), p["error"]
+        assert "timed call" in p.error or p.error.startswith(f"after timing: seed {SEED + 3}: "), p.error
     if status == "failed":
-        assert p["correct"] is False or "faster than physics" in p["error"]
-        assert "median_us" not in p or "faster than physics" in p["error"]
+        assert p.correct is False or "faster than physics" in p.error
+        assert p.median_us is None or "faster than physics" in p.error
 
 
 def test_ok_point_is_placed_on_the_roofline(payloads):
     p = payloads[0]
-    assert p["correct"] is True and p["max_rel_err"] <= TOLERANCE["fp32"]
-    assert p["timer"] == "time.perf_counter_ns" and p["launches"] == {"direct": 1, "graph": 0}
-    assert p["p10_us"] <= p["median_us"] <= p["p90_us"] and 5 <= p["repetitions"] <= 20
-    assert p["bytes"] == 2 * 64 * 1000 * 4 and p["flops"] == 5 * 64 * 1000
-    assert [t["name"] for t in p["traffic_terms"]] == ["read x", "write y", "softmax"]
-    assert p["gbps"] == pytest.approx(p["bytes"] / p["median_us"] / 1e3)
-    assert p["tflops"] == pytest.approx(p["flops"] / p["median_us"] / 1e6)
-    assert p["arithmetic_intensity"] == pytest.approx(5 / 8)
-    assert p["regime"] == "bandwidth" and p["floor_us"] == pytest.approx(p["bytes"] / 1e12 * 1e6)
-    assert p["roof_fraction"] == pytest.approx(p["floor_us"] / p["median_us"])
-    assert p["bandwidth_roof_gbps"] == 1000.0 and p["compute_roof_tflops"] == 1000.0
-    assert p["first_call_s"] > 0
+    assert p.correct is True and p.max_rel_err <= TOLERANCE["fp32"]
+    assert p.timer == "time.perf_counter_ns" and p.launches == Launches(direct=1, graph=0)
+    assert p.p10_us <= p.median_us <= p.p90_us and 5 <= p.repetitions <= 20
+    assert p.bytes == 2 * 64 * 1000 * 4 and p.flops == 5 * 64 * 1000
+    assert [t.name for t in p.traffic_terms] == ["read x", "write y", "softmax"]
+    assert p.gbps == pytest.approx(p.bytes / p.median_us / 1e3)
+    assert p.tflops == pytest.approx(p.flops / p.median_us / 1e6)
+    assert p.arithmetic_intensity == pytest.approx(5 / 8)
+    assert p.regime == "bandwidth" and p.floor_us == pytest.approx(p.bytes / 1e12 * 1e6)
+    assert p.roof_fraction == pytest.approx(p.floor_us / p.median_us)
+    assert p.bandwidth_roof_gbps == 1000.0 and p.compute_roof_tflops == 1000.0
+    assert p.first_call_s > 0
 
 
 def test_memory_is_not_measured_on_a_cpu_and_the_inputs_are_counted(payloads):
     """No allocator on a CPU counts a call's peak: it is absent, never guessed; the inputs' bytes are kept."""
     p = payloads[0]
-    assert "peak_memory_bytes" not in p and p["input_bytes"] == 64 * 1000 * 4
+    assert p.peak_memory_bytes is None and p.input_bytes == 64 * 1000 * 4
 
 
 def test_first_call_is_timed_where_it_happens(payloads):
     """The first call (JIT, autotuning) happens inside the first check: its cost is reported from there,
     apart from the timing, whose median never sees it."""
     p = payloads[len(EXPECTED) - 1]
-    assert p["first_call_s"] >= 0.3 and p["median_us"] < 0.1e6
+    assert p.first_call_s >= 0.3 and p.median_us < 0.1e6
 
 
 def test_checked_point_is_not_timed(payloads):
     p = payloads[len(EXPECTED) - 3]  # the interpreted honest point
-    assert p["correct"] is True and "median_us" not in p
+    assert p.correct is True and p.median_us is None
 
 
 def test_physics_gate_keeps_the_measurement(payloads):
     """A point refused by the gate still says what was measured, so that the byte model can be fixed."""
     p = payloads[10]
-    assert p["median_us"] > 0 and p["bytes"] == 2 * 64 * 1000 * 4 * 1e6
+    assert p.median_us > 0 and p.bytes == 2 * 64 * 1000 * 4 * 1e6
 
 
 def test_pair_times_both_variants_in_alternation(payloads):
     p = payloads[-2]
-    assert p["status"] == "ok", p
-    assert len(p["rounds_us"]) == 6 and all(a > 0 and b > 0 for a, b in p["rounds_us"])
-    ratios = sorted(b / a for a, b in p["rounds_us"])
-    assert p["speedup_min"] == ratios[0] and p["speedup_max"] == ratios[-1]
-    assert p["speedup"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    assert p.status == "ok", p
+    assert len(p.rounds_us) == 6 and all(a > 0 and b > 0 for a, b in p.rounds_us)
+    ratios = sorted(b / a for a, b in p.rounds_us)
+    assert p.speedup_min == ratios[0] and p.speedup_max == ratios[-1]
+    assert p.speedup == pytest.approx((ratios[2] + ratios[3]) / 2)
     # `slower` sleeps 1 ms a call: its column can never read less, however busy the machine (on a quiet one the
     # ratio is ~20x; three busy loops on two cores drowned it in 20 ms scheduler slices)
-    assert all(b >= 1000.0 for _, b in p["rounds_us"]), "the second column is the variant measured against"
+    assert all(b >= 1000.0 for _, b in p.rounds_us), "the second column is the variant measured against"
 
 
 def test_a_variant_that_cheats_only_in_the_paired_timing_fails_it():
@@ -140,9 +141,9 @@ def test_a_variant_that_cheats_only_in_the_paired_timing_fails_it():
     pair = replace(task("cheats_in_pair"), kind="pair", over="slower", over_fn="slower")
     point, paired = execute([task("cheats_in_pair"), pair], timeout_s=120,
                             env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
-    assert point["status"] == "ok", point
-    assert paired["status"] == "failed", paired
-    assert paired["error"].startswith("cheats_in_pair in the paired timing, "), paired["error"]
+    assert point.status == "ok", point
+    assert paired.status == "failed", paired
+    assert paired.error.startswith("cheats_in_pair in the paired timing, "), paired.error
 
 
 def test_a_variant_that_does_no_work_when_timed_alone_fails_level_three():
@@ -153,7 +154,7 @@ def test_a_variant_that_does_no_work_when_timed_alone_fails_level_three():
                     shape={"rows": 8, "cols": 50}, dtype="fp32", level="end_to_end", device="cpu", timed=True,
                     seed=SEED, protocol=FAST, scenario="scenario", scenario_inputs="scenario_inputs")
     [p] = execute([scenario], timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
-    assert p["status"] == "failed" and "the kernel timed alone returned another output" in p["error"], p
+    assert p.status == "failed" and "the kernel timed alone returned another output" in p.error, p
 
 
 def test_an_answer_kept_by_the_inputs_memory_and_a_value_fails_the_blended_repetition():
@@ -162,18 +163,18 @@ def test_an_answer_kept_by_the_inputs_memory_and_a_value_fails_the_blended_repet
     about 1% a point) and returns the old answer. Three points: all three escape about once in a million."""
     points = [task("memo_by_address", seed=SEED + 100 * i) for i in range(3)]
     out = execute(points, timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
-    failed = [p for p in out if p["status"] == "failed"]
+    failed = [p for p in out if p.status == "failed"]
     assert failed, out
-    assert all(p["status"] in ("failed", "ok") for p in out), out
-    assert any("timed call" in p["error"] and "relative error" in p["error"] for p in failed), failed
+    assert all(p.status in ("failed", "ok") for p in out), out
+    assert any("timed call" in p.error and "relative error" in p.error for p in failed), failed
 
 
 def test_end_to_end(payloads):
     p = payloads[-1]
-    assert p["status"] == "ok", p
-    assert p["scenario_us"] > 0 and p["kernel_us"] > 0 and p["scenario_p10_us"] <= p["scenario_p90_us"]
+    assert p.status == "ok", p
+    assert p.scenario_us > 0 and p.kernel_us > 0 and p.scenario_p10_us <= p.scenario_p90_us
     # the cumsum of a row of probabilities
-    assert len(p["fingerprint"]) == 8 * 50 and p["fingerprint"][49] == pytest.approx(1.0)
+    assert len(p.fingerprint) == 8 * 50 and p.fingerprint[49] == pytest.approx(1.0)
 
 
 def test_launch_floor_is_every_kernel_at_its_in_graph_cost():
@@ -213,15 +214,17 @@ def test_a_point_under_the_floor_of_busy_ceilings_is_unstable_not_failed():
     """A copy ceiling measured beside a busy process reads low; a time under its floor then says more
     about the ceiling than the kernel: the point is kept, unplaced and unstable (never published)."""
     from casebook.run.judge import place_point
+    from casebook.run.messages import PointRun, TrafficModel
 
     roofs = {"compute_tflops": 1.0, "bandwidth_gbps": 1.0, "launch_us": 1.0, "graph_launch_us": 1.0}
-    run = {"times_us": [10.0] * 20, "launches": {"direct": 1, "graph": 0}}
-    traffic = {"flops": 0.0, "bytes": 1e6}  # 1 MB at 1 GB/s: a 1000 us floor
-    quiet = place_point(replace(task("honest"), roofs={**roofs, "busy": False}), run, traffic)
-    assert quiet["status"] == "failed" and "faster than physics" in quiet["error"]
-    busy = place_point(replace(task("honest"), roofs={**roofs, "busy": True}), run, traffic)
-    assert busy["status"] == "ok" and busy["median_us"] == 10.0 and "regime" not in busy
-    assert "ceilings measured on a busy machine" in busy["unstable"][0]
+    run = PointRun(status="ran", times_us=[10.0] * 20, launches=Launches(direct=1, graph=0))
+    traffic = TrafficModel(flops=0.0, bytes=1e6, terms=[])  # 1 MB at 1 GB/s: a 1000 us floor
+    at = {"variant": "honest", "shape": SHAPE, "dtype": "fp32", "correct": True}
+    quiet = place_point(replace(task("honest"), roofs={**roofs, "busy": False}), run, run.times_us, {}, traffic, at)
+    assert quiet.status == "failed" and "faster than physics" in quiet.error
+    busy = place_point(replace(task("honest"), roofs={**roofs, "busy": True}), run, run.times_us, {}, traffic, at)
+    assert busy.status == "ok" and busy.median_us == 10.0 and busy.regime is None
+    assert "ceilings measured on a busy machine" in busy.unstable[0]
 
 
 def test_a_replaced_method_or_code_object_of_the_harness_is_rebound():

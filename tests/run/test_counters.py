@@ -42,15 +42,16 @@ def test_counters_sum_kernels_flag_gaps_and_record_what_does_not_apply(monkeypat
     ran = Result.model_validate(empty_result(variants=[
         {"name": n, "note": "-", "backends": ["cuda"], "device": "cuda", "mode": "timed"}
         for n in ("eager", "torch_softmax", "triton_onepass", "triton_online")]))
-    rows = {r["variant"]: r for r in counters.read(load_case(CASE), ran, progress=lambda msg: None)}
+    rows = {r.variant: r for r in counters.read(load_case(CASE), ran, progress=lambda msg: None)}
 
     assert set(rows) == {"eager", "torch_softmax", "triton_onepass", "triton_online"}  # only what ran on the GPU
-    assert rows["eager"]["kernels"] == 5 and rows["eager"]["measured_bytes"] == 4.2e9
-    assert rows["eager"]["flagged"] and abs(rows["eager"]["gap"] - (4.2e9 / 2**30 - 1)) < 1e-9
-    assert not rows["triton_online"]["flagged"]  # 1048 MB against 1074: -2.4%
-    assert rows["triton_onepass"] == {"variant": "triton_onepass", "shape": rows["eager"]["shape"], "dtype": "bf16",
-                                      "not_applicable": "triton_onepass holds at most 32768 columns on chip; got 65536"}
-    assert rows["torch_softmax"]["error"].startswith("ncu gave no counters (exit 1)")
+    assert rows["eager"].kernels == 5 and rows["eager"].measured_bytes == 4.2e9
+    assert rows["eager"].flagged and abs(rows["eager"].gap - (4.2e9 / 2**30 - 1)) < 1e-9
+    assert not rows["triton_online"].flagged  # 1048 MB against 1074: -2.4%
+    assert rows["triton_onepass"].model_dump(exclude_unset=True) == {
+        "variant": "triton_onepass", "shape": rows["eager"].shape, "dtype": "bf16",
+        "not_applicable": "triton_onepass holds at most 32768 columns on chip; got 65536"}
+    assert rows["torch_softmax"].error.startswith("ncu gave no counters (exit 1)")
 
 
 def _marked_csv(groups: list[list[tuple[float, float]]]) -> str:
@@ -88,12 +89,12 @@ def test_every_variant_in_one_profiled_process_split_at_the_markers(monkeypatch)
     monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
     monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
     ran = _ran("eager", "torch_softmax", "triton_onepass", "triton_online")
-    rows = {r["variant"]: r for r in counters.read(load_case(CASE), ran, progress=lambda msg: None)}
+    rows = {r.variant: r for r in counters.read(load_case(CASE), ran, progress=lambda msg: None)}
     assert len(calls) == 1 and [n for n, _ in calls[0]["variants"]] == list(rows)  # one process, the ladder's order
-    assert rows["eager"]["kernels"] == 2 and rows["eager"]["measured_bytes"] == 4.2e9  # the markers not counted
-    assert rows["torch_softmax"]["measured_bytes"] == 1048e6 and not rows["torch_softmax"]["flagged"]
-    assert rows["triton_onepass"]["not_applicable"] == "holds at most 32768 columns"
-    assert rows["triton_online"]["kernels"] == 1 and rows["triton_online"]["read_bytes"] == 530e6
+    assert rows["eager"].kernels == 2 and rows["eager"].measured_bytes == 4.2e9  # the markers not counted
+    assert rows["torch_softmax"].measured_bytes == 1048e6 and not rows["torch_softmax"].flagged
+    assert rows["triton_onepass"].not_applicable == "holds at most 32768 columns"
+    assert rows["triton_online"].kernels == 1 and rows["triton_online"].read_bytes == 530e6
 
 
 def test_kernels_that_do_not_split_one_a_variant_are_profiled_a_process_each(monkeypatch):
@@ -111,4 +112,4 @@ def test_kernels_that_do_not_split_one_a_variant_are_profiled_a_process_each(mon
     monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
     monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
     rows = counters.read(load_case(CASE), _ran("eager", "triton_online"), progress=lambda msg: None)
-    assert alone == ["eager", "triton_online"] and all(r["measured_bytes"] == 1048e6 for r in rows)
+    assert alone == ["eager", "triton_online"] and all(r.measured_bytes == 1048e6 for r in rows)

@@ -50,13 +50,16 @@ def test_merge_sends_every_ranks_repetitions_and_reading():
 
 
 def test_the_parent_takes_the_slowest_rank_again_from_the_repetitions():
+    from casebook.result import Interference
     from casebook.run.judge import ranks_problem, slowest_rank
+    from casebook.run.messages import PointRun, read
 
-    run = {"times_us": [1.0], "slowest_rank": 0, "rank_median_us": [1.0, 1.0],  # what a child may claim
-           "rank_times_us": [[9.0, 10.0, 11.0], [20.0, 30.0, 40.0]], "rank_interference": [{"a": 0}, {"a": 1}]}
-    out = slowest_rank(run)
-    assert out["times_us"] == [20.0, 30.0, 40.0] and out["slowest_rank"] == 1 and out["ranks"] == 2
-    assert out["rank_median_us"] == [10.0, 30.0] and out["interference"] == {"a": 1}
+    run = read(PointRun, {"status": "ran", "times_us": [1.0], "slowest_rank": 0,  # what a child may claim
+                          "rank_median_us": [1.0, 1.0], "rank_times_us": [[9.0, 10.0, 11.0], [20.0, 30.0, 40.0]],
+                          "rank_interference": [{"cpus": 1}, {"cpus": 2}]})
+    times, ranked = slowest_rank(run)
+    assert times == [20.0, 30.0, 40.0] and ranked["slowest_rank"] == 1 and ranked["ranks"] == 2
+    assert ranked["rank_median_us"] == [10.0, 30.0] and ranked["interference"] == Interference(cpus=2)
     assert ranks_problem([[1.0], [-1.0]]) == "rank 1: a repetition's time is not a finite positive number"
     assert ranks_problem([]) == "no rank's repetitions"
 
@@ -238,15 +241,17 @@ def test_the_traffic_model_names_its_link_bytes(monkeypatch):
 def test_a_ranked_point_is_placed_against_the_link_and_placed_again_on_load():
     from casebook.evidence import point_problems
     from casebook.run import judge
+    from casebook.run.messages import PointRun, TrafficModel
 
     roofs = {**ROOFS, "bandwidth_gbps": 1e6, "link_gbps": 1.0}  # memory far faster than the link
     t = task("honest", roofs=roofs)
-    traffic = {"flops": 1e3, "bytes": 4e3 + 1e3, "link_bytes": 1e3, "terms": []}
-    run = {"times_us": [2.0, 2.0, 2.0], "rank_times_us": [[2.0, 2.0, 2.0], [1.5, 1.5, 1.5]]}
-    p = judge.place_point(t, judge.slowest_rank(run), traffic)
-    assert p["status"] == "ok" and p["link_floor_us"] == pytest.approx(1.0) == p["floor_us"]
-    assert p["link_roof_gbps"] == 1.0 and p["bus_gbps"] == pytest.approx(0.5) and p["roof_fraction"] == 0.5
-    stored = {"variant": "honest", "shape": t.shape, "dtype": "fp32", **p}
+    traffic = TrafficModel(flops=1e3, bytes=4e3 + 1e3, link_bytes=1e3, terms=[])
+    run = PointRun(status="ran", times_us=[2.0, 2.0, 2.0], rank_times_us=[[2.0, 2.0, 2.0], [1.5, 1.5, 1.5]])
+    times, ranked = judge.slowest_rank(run)
+    p = judge.place_point(t, run, times, ranked, traffic, {"variant": "honest", "shape": t.shape, "dtype": "fp32"})
+    assert p.status == "ok" and p.link_floor_us == pytest.approx(1.0) == p.floor_us
+    assert p.link_roof_gbps == 1.0 and p.bus_gbps == pytest.approx(0.5) and p.roof_fraction == 0.5
+    stored = p.model_dump(exclude_unset=True)
     measured = {"copy_gbps": 1e6, "matmul_tflops": {"fp32": 1000.0}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
     assert point_problems(stored, measured, link_gbps=1.0) == []
     assert "link_roof_gbps 1 is not the result's measured link" in point_problems(stored, measured, 2.0)[0]

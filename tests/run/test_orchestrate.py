@@ -19,6 +19,7 @@ import pytest
 import casebook.kernels
 from casebook import paths, results
 from casebook.case import Variant
+from casebook.levels import Scenario
 from casebook.load import load_case
 from casebook.provenance import kernel_sha256, measurement_sha256
 from casebook.result import IntensityCheck, Point, Result
@@ -58,18 +59,18 @@ def test_plan_on_a_cpu():
     assert list(groups) == [v.name for v in case.kernel.variants]
     kernel = len(case.levels.kernel.cpu_shapes) * len(case.levels.kernel.dtypes)
     workload = len(case.levels.workload.cpu_shapes)
-    assert groups["torch_compile"]["device"] is None and groups["torch_compile"]["tasks"] == []
+    assert groups["torch_compile"].device is None and groups["torch_compile"].tasks == []
     base = groups["torch_softmax"]  # the end-to-end baseline: timed here, so it runs the scenario too
-    assert (base["device"], base["timed"]) == ("cpu", True)
-    assert [t.level for t in base["tasks"]] == ["kernel"] * kernel + ["workload"] * workload + ["end_to_end"]
-    assert base["tasks"][-1].shape == case.levels.end_to_end.cpu_shape
+    assert (base.device, base.timed) == ("cpu", True)
+    assert [t.level for t in base.tasks] == ["kernel"] * kernel + ["workload"] * workload + ["end_to_end"]
+    assert base.tasks[-1].shape == case.levels.end_to_end.cpu_shape
     online = groups["triton_online"]  # the end-to-end variant, but only checked here: no scenario
-    assert (online["device"], online["timed"]) == ("cpu", False) and len(online["tasks"]) == kernel + workload
-    shapes = [t.shape for t in online["tasks"] if t.level == "kernel"]
+    assert (online.device, online.timed) == ("cpu", False) and len(online.tasks) == kernel + workload
+    shapes = [t.shape for t in online.tasks if t.level == "kernel"]
     assert shapes == [s for s in case.levels.kernel.cpu_shapes for _ in case.levels.kernel.dtypes]
-    seeds = [t.seed for g in groups.values() for t in g["tasks"] if t.level == "kernel"]
+    seeds = [t.seed for g in groups.values() for t in g.tasks if t.level == "kernel"]
     assert len(set(seeds)) == kernel, "a point has the same seed in every variant, and its own"
-    t = base["tasks"][0]
+    t = base.tasks[0]
     assert t.protocol["cache"] == case.levels.kernel.cache and t.protocol["time_cap_s"] == QUICK.time_cap_s
     assert t.roofs == {"compute_tflops": 1e3, "bandwidth_gbps": 1e3, "launch_us": 1e-3, "graph_launch_us": 1e-3,
                        "busy": False}
@@ -78,10 +79,10 @@ def test_plan_on_a_cpu():
 def test_plan_on_a_gpu_uses_the_gpu_shapes():
     case = load_case(SOFTMAX)
     groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
-    assert all(g["device"] == "cuda" and g["timed"] for g in groups.values())
-    kernel = [t for t in groups["triton_online"]["tasks"] if t.level == "kernel"]
+    assert all(g.device == "cuda" and g.timed for g in groups.values())
+    kernel = [t for t in groups["triton_online"].tasks if t.level == "kernel"]
     assert len(kernel) == len(case.levels.kernel.shapes) * len(case.levels.kernel.dtypes)
-    assert groups["triton_online"]["tasks"][-1].kind == "end_to_end"
+    assert groups["triton_online"].tasks[-1].kind == "end_to_end"
 
 
 def test_plan_only_keeps_the_baseline():
@@ -92,15 +93,19 @@ def test_plan_only_keeps_the_baseline():
 def test_plan_checks_a_control_against_its_own_reference():
     case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
     groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
-    assert {t.reference for t in groups["gluon_pingpong_plain"]["tasks"]} == {"reference_bias"}
-    assert {t.reference for t in groups["gluon_pingpong"]["tasks"]} == {"reference"}
+    assert {t.reference for t in groups["gluon_pingpong_plain"].tasks} == {"reference_bias"}
+    assert {t.reference for t in groups["gluon_pingpong"].tasks} == {"reference"}
 
 
 def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
     case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
     groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
-    outcomes = {n: [(t, {"status": "ok"}) for t in g["tasks"]] for n, g in groups.items()}
-    pairs = plan.pair_tasks(case, "nvidia-h200", outcomes, QUICK)
+    def ran(g, status: str) -> list:
+        return [(t, Point(variant=t.variant, shape=t.shape, dtype=t.dtype, status=status)) for t in g.tasks]
+
+    for g in groups.values():
+        g.outcomes = ran(g, "ok")
+    pairs = plan.pair_tasks(case, "nvidia-h200", groups, QUICK)
     assert {(t.variant, t.over, t.shape["k"]) for t in pairs} == {
         ("gluon_pingpong", "addmm_gelu", 1024), ("triton_fused", "addmm_gelu", 4096),
         ("gluon_pingpong_tanh", "addmm_gelu_tanh", 1024), ("gluon_pingpong_tanh", "addmm_activation", 1024),
@@ -108,9 +113,9 @@ def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
     assert all(t.kind == "pair" and t.level == "kernel" and t.dtype == "bf16" for t in pairs)
     plain = next(t for t in pairs if t.over == "gluon_pingpong_plain")
     assert plain.over_fn == "gluon_pingpong_plain" and plain.protocol["time_cap_s"] <= plan.PAIR_TIME_CAP_S
-    assert plan.pair_tasks(case, "cpu-some-thing", outcomes, QUICK) == [], "the claims name the H200"
-    outcomes["addmm_gelu"] = [(t, {"status": "crashed"}) for t, _ in outcomes["addmm_gelu"]]
-    assert len(plan.pair_tasks(case, "nvidia-h200", outcomes, QUICK)) == 4, "no pair without both ladder points"
+    assert plan.pair_tasks(case, "cpu-some-thing", groups, QUICK) == [], "the claims name the H200"
+    groups["addmm_gelu"].outcomes = ran(groups["addmm_gelu"], "crashed")
+    assert len(plan.pair_tasks(case, "nvidia-h200", groups, QUICK)) == 4, "no pair without both ladder points"
 
 
 def test_variant_env_keeps_the_compilers_choices_in_casebooks_cache(monkeypatch, tmp_path):
@@ -400,11 +405,18 @@ class InProcessOracle:
         pass
 
 
+def checked(task):
+    """The judge's record of a task checked and not timed: a point's, or the scenario's."""
+    if task.kind == "end_to_end":
+        return Scenario(status="checked")
+    return Point(variant=task.variant, shape=task.shape, dtype=task.dtype, status="checked")
+
+
 def _checked(tasks, on_done=None, **kw):
     """Every task answered `checked`, each handed to `on_done` as it is, like `orchestrate.execute`."""
     out = []
-    for i, _ in enumerate(tasks):
-        out.append({"status": "checked"})
+    for i, task in enumerate(tasks):
+        out.append(checked(task))
         if on_done is not None:
             on_done(i, out[-1])
     return out
@@ -482,7 +494,7 @@ def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
 
     def edit_then_stub(tasks, **kw):
         path.write_text(path.read_text() + "\n# edited during the run\n")
-        return [{"status": "checked"} for _ in tasks]
+        return [checked(t) for t in tasks]
 
     stub_children(monkeypatch, edit_then_stub)
     result = orchestrate.run_case(path)
@@ -539,12 +551,12 @@ def test_the_report_of_a_model_without_flops_states_the_declared_intensity(capsy
 
 
 @pytest.mark.parametrize("payload, why", [
-    ({"status": "ok", "median_us": float("inf")}, "ValueError"),  # a stored result is strict JSON
-    ({"status": "ok", "interference": {"window_s": "long"}}, "ValidationError"),  # not the record's shape
-    ({"status": "ok", "first_call_s": [1]}, "ValidationError"),
+    ({"status": "ok", "median_us": float("inf")}, "finite number"),  # a stored result is strict JSON
+    ({"status": "ok", "interference": {"window_s": "long"}}, "valid number"),  # not the record's shape
+    ({"status": "ok", "first_call_s": [1]}, "valid number"),
 ])
 def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(payload, why):
-    """`orchestrate._sound`: a judged payload with a number that is not finite, or a field not of the record's type,
+    """`orchestrate._sound`: a judged answer with a number that is not finite, or a field not of the record's type,
     fails its own task (the child closed, so a true answer that follows cannot answer the next task)."""
     from casebook.run import orchestrate
     from casebook.run.child import Task
@@ -557,7 +569,9 @@ def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(
 
     task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
                 device="cpu", timed=True, seed=1, protocol={})
-    out = orchestrate._sound(task, lambda: payload, Child())
-    assert out["status"] == "crashed" and why in out["error"] and closed == [True]
-    ok = {"status": "checked", "correct": True, "max_rel_err": 0.0}
-    assert orchestrate._sound(task, lambda: ok, Child()) == ok and closed == [True]
+    at = {"variant": "v", "shape": task.shape, "dtype": "fp32"}
+    out = orchestrate._sound(task, lambda: Point(**at, **payload), Child())
+    assert out.status == "crashed" and "ValidationError" in out.error and why in out.error and closed == [True]
+    assert out.model_dump(exclude_unset=True).keys() == {*at, "status", "error"}
+    ok = Point(**at, status="checked", correct=True, max_rel_err=0.0)
+    assert orchestrate._sound(task, lambda: ok, Child()) is ok and closed == [True]

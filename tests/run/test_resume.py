@@ -26,8 +26,9 @@ from rich.console import Console
 import casebook.kernels
 from casebook import paths, results
 from casebook.commands import run as command
+from casebook.levels import Scenario
 from casebook.load import load_case
-from casebook.result import Result, shape_label
+from casebook.result import Point, Result, shape_label
 from casebook.run import assemble, hardware, isolate, orchestrate, plan, resume
 from casebook.run.bench import CPU, QUICK
 from casebook.run.child import Task
@@ -179,10 +180,10 @@ STATUS = {("gated", "kernel", 4): "ok", ("gated", "kernel", 16): "crashed", ("ga
 points are skipped by the run itself: no backend here)."""
 
 
-def stub_payload(task: Task, timed_s: float = 0.125) -> dict:
-    """A payload as `orchestrate.execute` hands it over, for `STATUS`'s status at the task's point."""
+def stub_payload(task: Task, timed_s: float = 0.125) -> Point | Scenario:
+    """A record as `orchestrate.execute` hands it over, for `STATUS`'s status at the task's point."""
     if task.kind == "end_to_end":
-        return {"status": "checked"}
+        return Scenario(status="checked")
     status = STATUS[(task.variant, task.level, task.shape["rows"])]
     out = {"status": status, "harness": {"wall_s": 0.5, "timed_s": timed_s, "oracle_s": 0.01, "transport_s": 0.0,
                                          "judge_s": 0.01}}
@@ -200,7 +201,7 @@ def stub_payload(task: Task, timed_s: float = 0.125) -> dict:
         out.update(error="unsupported: more than 8 rows")
     else:
         out.update(error=f"stub: {status}")
-    return out
+    return Point(variant=task.variant, shape=task.shape, dtype=task.dtype, **out)
 
 
 class StubExecute:
@@ -209,7 +210,7 @@ class StubExecute:
 
     def __init__(self, timed_s: float = 0.125):
         self.tasks: list[Task] = []
-        self.reuse: list[dict | None] = []
+        self.reuse: list[dict[tuple, Point] | None] = []
         self.timed_s = timed_s
 
     def __call__(self, tasks, *, timeout_s, env, answers=None, on_done=None, loaded=None, reuse=None, worker=None):
@@ -219,7 +220,8 @@ class StubExecute:
         for i, t in enumerate(tasks):
             key = resume.point_key(t.level, t.variant, t.shape, t.dtype)
             if t.kind == "point" and reuse and key in reuse:  # kept, as `execute` keeps it
-                out.append({**reuse[key], "harness": {**reuse[key].get("harness", {}), "kept": True}})
+                kept = reuse[key]
+                out.append(kept.model_copy(update={"harness": kept.harness.model_copy(update={"kept": True})}))
             else:
                 out.append(stub_payload(t, self.timed_s))
             if on_done is not None:
@@ -303,13 +305,14 @@ def test_a_kept_run_gives_its_measured_points_by_point_key(book, kept_run):
         if key not in reuse:
             continue
         doc = p.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        dropped = {"variant", "shape", "dtype", "speedup", "weight", "source"}
-        assert reuse[key] == {k: v for k, v in doc.items() if k not in dropped}
-        assert not dropped & set(reuse[key]) and reuse[key]["status"] == p.status
+        dropped = {"speedup", "weight", "source"}  # the run's levels set them again
+        mine = reuse[key].model_dump(mode="json", by_alias=True, exclude_unset=True)
+        assert mine == {k: v for k, v in doc.items() if k not in dropped}
+        assert not dropped & set(mine) and reuse[key].status == p.status
     ok = reuse[("kernel", "gated", "4x32", "fp32")]
-    assert ok["median_us"] == 20.0 and ok["harness"]["timed_s"] == 0.125 and "speedup" not in ok
+    assert ok.median_us == 20.0 and ok.harness.timed_s == 0.125 and ok.speedup is None
     assert next(p for _, p in points(kept_run) if p.variant == "gated" and p.status == "ok").speedup == 0.5
-    assert "weight" not in reuse[("workload", "honest", "2x64", "fp32")]
+    assert reuse[("workload", "honest", "2x64", "fp32")].weight is None
 
 
 def test_a_kept_run_of_the_same_point_keys_as_the_plan(book, kept_run):
@@ -317,7 +320,7 @@ def test_a_kept_run_of_the_same_point_keys_as_the_plan(book, kept_run):
     path = book / "cases" / "gated.yaml"
     reuse, _ = resume.resumable(kept_run, *here(path))
     groups = plan.plan(load_case(path), False, QUICK, CEILINGS)
-    planned = {resume.point_key(t.level, t.variant, t.shape, t.dtype) for g in groups.values() for t in g["tasks"]
+    planned = {resume.point_key(t.level, t.variant, t.shape, t.dtype) for g in groups.values() for t in g.tasks
                if t.kind == "point"}
     assert planned - set(reuse) == {("kernel", "gated", "16x32", "fp32"), ("kernel", "honest", "16x32", "fp32")}
 
@@ -415,7 +418,7 @@ def test_run_case_measures_afresh_where_the_kept_run_differs(book, monkeypatch):
 
 
 def _tasks(path: Path, variant: str) -> list[Task]:
-    return plan.plan(load_case(path), False, QUICK, CEILINGS)[variant]["tasks"]
+    return plan.plan(load_case(path), False, QUICK, CEILINGS)[variant].tasks
 
 
 def test_execute_asks_no_child_for_a_kept_point(book, monkeypatch):
@@ -423,8 +426,10 @@ def test_execute_asks_no_child_for_a_kept_point(book, monkeypatch):
     tasks = _tasks(path, "honest")
     reuse = {resume.point_key(t.level, t.variant, t.shape, t.dtype): stub_payload(t)
              for t in tasks if t.kind == "point"}
-    reuse[("kernel", "honest", "16x32", "fp32")] = {"status": "ok", "median_us": 3.0}  # no harness of its own
-    reuse[resume.point_key("end_to_end", "honest", tasks[-1].shape, tasks[-1].dtype)] = {"status": "ok"}
+    reuse[("kernel", "honest", "16x32", "fp32")] = Point(variant="honest", shape={"rows": 16, "cols": 32},
+                                                         dtype="fp32", status="ok", median_us=3.0)  # no harness of its own
+    reuse[resume.point_key("end_to_end", "honest", tasks[-1].shape, tasks[-1].dtype)] = Point(
+        variant="honest", shape=tasks[-1].shape, dtype=tasks[-1].dtype, status="ok")
     before = copy.deepcopy(reuse)
     WORKERS.clear()
     monkeypatch.setattr(orchestrate, "Worker", InProcessWorker)
@@ -436,8 +441,10 @@ def test_execute_asks_no_child_for_a_kept_point(book, monkeypatch):
     assert done == list(range(len(tasks)))
     for t, p in zip(tasks[:-1], out[:-1]):
         kept = reuse[resume.point_key(t.level, t.variant, t.shape, t.dtype)]
-        assert p == {**kept, "harness": {**kept.get("harness", {}), "kept": True}}
-    assert out[-1]["status"] == "crashed" and "kept" not in out[-1]["harness"]
+        assert p.harness.kept is True and p.model_copy(update={"harness": kept.harness}) == kept
+        assert p.harness.model_dump(exclude_unset=True) == {
+            **(kept.harness.model_dump(exclude_unset=True) if kept.harness else {}), "kept": True}
+    assert out[-1].status == "crashed" and out[-1].harness.kept is None
     assert reuse == before, "the kept payloads are not changed"
 
 
