@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from casebook import stability
-from casebook.claims import evaluate, pair_key
-from casebook.result import Result
+from casebook.case import SpeedupClaim
+from casebook.claims import Paired, evaluate, pair_key
+from casebook.result import Ceilings, ClaimOutcome, Hardware, Point, Result, shape_label
 from casebook.results import ResultError, load
 from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
 
@@ -42,19 +44,18 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _label(p: dict) -> str:
-    shape = "x".join(str(v) for v in (p.get("shape") or {}).values())
-    return f"{p.get('variant')} {shape} {p.get('dtype')}"
+def _label(p: Point) -> str:
+    return f"{p.variant} {shape_label(p.shape)} {p.dtype}"
 
 
-def ceilings_problems(hardware: dict) -> list[str]:
+def ceilings_problems(hardware: Hardware) -> list[str]:
     """The measured ceilings against the datasheet, where the machine has one: none above its peak (with
     `DATASHEET_MARGIN`), none missing, none under a hundredth of it."""
-    measured, sheet = hardware.get("measured") or {}, hardware.get("datasheet") or {}
+    measured, sheet = hardware.measured, hardware.datasheet
     out = []
-    pairs = [("copy bandwidth", measured.get("copy_gbps"), sheet.get("bandwidth_gbps"), "GB/s")]
-    for dtype, peak in (sheet.get("peak_tflops") or {}).items():
-        pairs.append((f"{dtype} matmul", (measured.get("matmul_tflops") or {}).get(dtype), peak, "TFLOP/s"))
+    pairs = [("copy bandwidth", measured.copy_gbps, sheet.bandwidth_gbps if sheet else None, "GB/s")]
+    for dtype, peak in ((sheet.peak_tflops if sheet else None) or {}).items():
+        pairs.append((f"{dtype} matmul", measured.matmul_tflops.get(dtype), peak, "TFLOP/s"))
     for what, value, peak, unit in pairs:
         if value is None or not _finite(peak):
             continue
@@ -64,146 +65,125 @@ def ceilings_problems(hardware: dict) -> list[str]:
             out.append(f"its measured {what} {value:.4g} {unit} is above the datasheet's {peak:g} {unit}")
         elif value < peak / 100:
             out.append(f"its measured {what} {value:.4g} {unit} is under a hundredth of the datasheet's {peak:g}")
-    if "launch_us" in measured and (not _finite(measured["launch_us"]) or measured["launch_us"] <= 0):
+    if not _finite(measured.launch_us) or measured.launch_us <= 0:
         out.append("its measured launch_us is not a positive number")
-    graph = measured.get("graph_launch_us")
-    if graph is not None and (not _finite(graph) or graph < 0):
+    if not _finite(measured.graph_launch_us) or measured.graph_launch_us < 0:
         out.append("its measured graph_launch_us is negative or not a number")
     return out
 
 
-def point_problems(p: dict, measured: dict, link_gbps: float | None = None) -> list[str]:
+def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None) -> list[str]:
     """One stored point: its numbers finite, its times positive, placed again on the roofline (its link
     bytes on the result's measured link, `hardware.topology.bus_gbps`, where it has one)."""
     out = []
     for key in (*TIMES, *RATES, "max_rel_err", "cv"):
-        if key in p and p[key] is not None and not _finite(p[key]):
+        if getattr(p, key) is not None and not _finite(getattr(p, key)):
             return [f"{_label(p)}: {key} is not a finite number"]
-    if p.get("status") != "ok":
+    if p.status != "ok":
         return out
     for key in TIMES:
-        if not _finite(p.get(key)) or p[key] <= 0:
+        if not _finite(getattr(p, key)) or getattr(p, key) <= 0:
             return [f"{_label(p)}: {key} is not a positive time"]
-    if not p["p10_us"] <= p["median_us"] <= p["p90_us"]:
-        return [f"{_label(p)}: p10 {p['p10_us']:g}, median {p['median_us']:g} and p90 {p['p90_us']:g} us are out "
-                "of order"]
-    ranks = p.get("rank_median_us")
+    if not p.p10_us <= p.median_us <= p.p90_us:
+        return [f"{_label(p)}: p10 {p.p10_us:g}, median {p.median_us:g} and p90 {p.p90_us:g} us are out of order"]
+    ranks = p.rank_median_us
     if ranks is not None and (not ranks or not all(_finite(m) and m > 0 for m in ranks)
-                              or abs(max(ranks) / p["median_us"] - 1) > AGREE):
-        return [f"{_label(p)}: its median {p['median_us']:g} us is not the slowest of its ranks' medians "
-                f"({ranks})"]
-    if not (_finite(p.get("flops")) and _finite(p.get("bytes")) and p["flops"] >= 0 and p["bytes"] >= 0):
+                              or abs(max(ranks) / p.median_us - 1) > AGREE):
+        return [f"{_label(p)}: its median {p.median_us:g} us is not the slowest of its ranks' medians ({ranks})"]
+    if not (_finite(p.flops) and _finite(p.bytes) and p.flops >= 0 and p.bytes >= 0):
         return [f"{_label(p)}: no traffic (FLOPs and bytes) to place it by"]
-    compute = compute_roof(measured.get("matmul_tflops") or {}, p.get("dtype"))
-    roofs = {"compute_tflops": compute, "bandwidth_gbps": measured.get("copy_gbps"),
-             "launch_us": measured.get("launch_us"), "graph_launch_us": measured.get("graph_launch_us") or 0.0}
+    # the roofs by roofline's names (`launch_count`, `Roofs`)
+    roofs = {"compute_tflops": compute_roof(measured.matmul_tflops, p.dtype), "bandwidth_gbps": measured.copy_gbps,
+             "launch_us": measured.launch_us, "graph_launch_us": measured.graph_launch_us or 0.0}
     if not all(_finite(v) and (v > 0 or k == "graph_launch_us") for k, v in roofs.items()):
         return [f"{_label(p)}: the result's measured ceilings are incomplete"]
     for key, roof in (("compute_roof_tflops", "compute_tflops"), ("bandwidth_roof_gbps", "bandwidth_gbps")):
-        if _finite(p.get(key)) and abs(p[key] / roofs[roof] - 1) > AGREE:
-            out.append(f"{_label(p)}: stored {key} {p[key]:g} is not the result's measured {roofs[roof]:g}")
-    link_bytes = p.get("link_bytes") or 0.0
-    stored_link = p.get("link_roof_gbps")
+        stored = getattr(p, key)
+        if _finite(stored) and abs(stored / roofs[roof] - 1) > AGREE:
+            out.append(f"{_label(p)}: stored {key} {stored:g} is not the result's measured {roofs[roof]:g}")
+    link_bytes = p.link_bytes or 0.0
     link_ok = _finite(link_gbps) and link_gbps > 0
-    if _finite(stored_link) and not (link_ok and abs(stored_link / link_gbps - 1) <= AGREE):
-        out.append(f"{_label(p)}: stored link_roof_gbps {p['link_roof_gbps']:g} is not the result's measured link "
+    if _finite(p.link_roof_gbps) and not (link_ok and abs(p.link_roof_gbps / link_gbps - 1) <= AGREE):
+        out.append(f"{_label(p)}: stored link_roof_gbps {p.link_roof_gbps:g} is not the result's measured link "
                    f"({link_gbps})")
-    if link_bytes and not (_finite(link_bytes) and 0 <= link_bytes <= p["bytes"]):
+    if link_bytes and not (_finite(link_bytes) and 0 <= link_bytes <= p.bytes):
         return [f"{_label(p)}: its link bytes are not part of its bytes"]
-    launches = p.get("launches") or {"direct": 1, "graph": 0}
+    direct, graph = (p.launches.direct, p.launches.graph) if p.launches is not None else (1, 0)
     try:
-        n = launch_count({"direct": int(launches.get("direct", 1)), "graph": int(launches.get("graph", 0))}, roofs)
-        spread = (p["median_us"] - p["p10_us"]) / p["median_us"]
+        n = launch_count({"direct": direct, "graph": graph}, roofs)
+        spread = (p.median_us - p.p10_us) / p.median_us
         gate = Roofs(roofs["compute_tflops"], roofs["bandwidth_gbps"], roofs["launch_us"],
-                     link_gbps=link_gbps if _finite(link_gbps) and link_gbps > 0 else None)
-        placed = place(p["flops"], p["bytes"], n, p["median_us"], gate, spread=spread,
-                       host_us=p.get("host_issue_us") or 0.0, link_bytes=link_bytes)
+                     link_gbps=link_gbps if link_ok else None)
+        placed = place(p.flops, p.bytes, n, p.median_us, gate, spread=spread, host_us=p.host_issue_us or 0.0,
+                       link_bytes=link_bytes)
     except FasterThanPhysics as e:
         return [f"{_label(p)}: {e}"]
     except (TypeError, ValueError) as e:
         return [f"{_label(p)}: cannot be placed again ({e})"]
     for key in ("gbps", "tflops"):  # bytes and FLOPs over the median: nothing else goes into them
-        mine = getattr(placed, key)
-        if _finite(p.get(key)) and abs(p[key] - mine) > AGREE * max(abs(mine), 1e-30):
-            out.append(f"{_label(p)}: stored {key} {p[key]:.6g} is not what its median gives ({mine:.6g})")
+        mine, stored = getattr(placed, key), getattr(p, key)
+        if _finite(stored) and abs(stored - mine) > AGREE * max(abs(mine), 1e-30):
+            out.append(f"{_label(p)}: stored {key} {stored:.6g} is not what its median gives ({mine:.6g})")
     # The floor: at least the compute and bandwidth floors of its traffic, at most those or every kernel at a
     # whole launch (how launches count has changed between versions of the harness; these bounds have not);
     # the roof fraction is the floor over the median.
-    floor, kernels = p.get("floor_us"), int(launches.get("direct", 1)) + int(launches.get("graph", 0))
-    if _finite(floor) and p.get("launches"):  # without its launches recorded, no bound from above
+    floor = p.floor_us
+    if _finite(floor) and p.launches is not None:  # without its launches recorded, no bound from above
         low = max(placed.compute_floor_us, placed.bandwidth_floor_us, placed.link_floor_us)
-        high = max(low, max(kernels, 1) * roofs["launch_us"])
+        high = max(low, max(direct + graph, 1) * roofs["launch_us"])
         if not low * (1 - AGREE) <= floor <= high * (1 + AGREE):
             out.append(f"{_label(p)}: stored floor {floor:.6g} us is outside what its traffic and launches allow "
                        f"({low:.6g}-{high:.6g} us)")
-        elif _finite(p.get("roof_fraction")) and abs(p["roof_fraction"] - floor / p["median_us"]) > AGREE * (
-                floor / p["median_us"]):
-            out.append(f"{_label(p)}: stored roof_fraction {p['roof_fraction']:.6g} is not its floor over its "
-                       f"median ({floor / p['median_us']:.6g})")
+        elif _finite(p.roof_fraction) and abs(p.roof_fraction - floor / p.median_us) > AGREE * (floor / p.median_us):
+            out.append(f"{_label(p)}: stored roof_fraction {p.roof_fraction:.6g} is not its floor over its "
+                       f"median ({floor / p.median_us:.6g})")
     return out
 
 
-def stability_problems(p: dict, device: str) -> list[str]:
+def stability_problems(p: Point, device: str) -> list[str]:
     """A timed point whose own readings (its spread, what else the machine did) make it unstable by
     `casebook.stability`'s bounds must say so: its `unstable` list judged again, not believed absent."""
-    if p.get("status") != "ok" or p.get("unstable"):
+    if p.status != "ok" or p.unstable:
         return []
     why = stability.reasons(p, device)
     return [f"{_label(p)}: its readings make it unstable ({'; '.join(why)}), but it is not marked so"] if why else []
 
 
-def _paired(claims: list[dict]) -> dict:
-    """The stored paired timings, their speedups taken again from their rounds."""
-    import statistics
-
+def _paired(case, stored: list[ClaimOutcome]) -> Paired:
+    """The stored paired timings of the case's speedup claims (found by their text), their speedups taken again
+    from their rounds; a timing whose rounds are not all two positive times is left out."""
+    over = {c.text: c.over for c in case.claims if isinstance(c, SpeedupClaim)}
     out = {}
-    for c in claims:
-        for run in c.get("paired") or []:
-            rounds = run.get("rounds_us") or []
-            ratios = sorted(b / a for a, b in rounds if _finite(a) and _finite(b) and a > 0 and b > 0)
-            if not ratios or len(ratios) != len(rounds):
+    for c in stored:
+        if c.text not in over:
+            continue
+        for run in c.paired or []:
+            ratios = sorted(b / a for a, b in run.rounds_us if _finite(a) and _finite(b) and a > 0 and b > 0)
+            if not ratios or len(ratios) != len(run.rounds_us):
                 continue
-            again = {**run, "speedup": statistics.median(ratios), "speedup_min": ratios[0],
-                     "speedup_max": ratios[-1], "status": "ok"}
-            out[pair_key(c.get("variant"), run.get("over") or _over(c), run["shape"], run["dtype"])] = again
+            again = run.model_copy(update={"status": "ok", "speedup": statistics.median(ratios),
+                                           "speedup_min": ratios[0], "speedup_max": ratios[-1]})
+            out[pair_key(c.variant, over[c.text], run.shape, run.dtype)] = again
     return out
 
 
-def _over(claim: dict) -> str | None:
-    return claim.get("over")
-
-
-def judged(case, doc: dict) -> list[dict]:
+def judged(case, result: Result) -> list[ClaimOutcome]:
     """The case's claims judged from the stored points (and the stored paired timings' rounds): what the
     page shows, whatever the file says of them."""
-    stored = [c for c in doc.get("claims") or [] if isinstance(c, dict)]
-    by_text = {c.text: c for c in case.claims}
-    for c in stored:
-        claim = by_text.get(c.get("text"))
-        if claim is not None and claim.kind == "speedup":
-            c.setdefault("over", claim.over)
-    slug = (doc.get("hardware") or {}).get("slug", "")
-    points = [p for p in doc.get("kernel_level") or [] if isinstance(p, dict)]
-    return evaluate(case, slug, points, doc.get("workload_level") or {}, doc.get("end_to_end") or {},
-                    _paired(stored))
+    return evaluate(case, result.hardware.slug, result.kernel_level, result.workload_level, result.end_to_end,
+                    _paired(case, result.claims))
 
 
-def claims_problems(case, doc: dict) -> list[str]:
+def claims_problems(case, result: Result) -> list[str]:
     """Every claim judged again from the stored points, against the stored verdict."""
-    stored = [c for c in doc.get("claims") or [] if isinstance(c, dict)]
+    stored = result.claims
     if not stored:  # nothing claimed is shown; the page judges the case's claims from the points
         return []
-    texts = [c.text for c in case.claims]
-    if [c.get("text") for c in stored] != texts:
+    if [c.text for c in stored] != [c.text for c in case.claims]:
         return ["its claims are not the case's claims (text and order)"]
-    again = judged(case, doc)
-    out = []
-    for mine, theirs in zip(again, stored):
-        if mine["held"] != theirs.get("held"):
-            word = {True: "held", False: "failed", None: "not applicable"}
-            out.append(f"claim {mine['text']!r} is stored as {word.get(theirs.get('held'), '?')}, but its points "
-                       f"say {word[mine['held']]} ({mine['detail']})")
-    return out
+    word = {True: "held", False: "failed", None: "not applicable"}
+    return [f"claim {mine.text!r} is stored as {word[theirs.held]}, but its points say {word[mine.held]} "
+            f"({mine.detail})" for mine, theirs in zip(judged(case, result), stored) if mine.held != theirs.held]
 
 
 def read(path: Path) -> tuple[Result | None, str | None]:
@@ -233,20 +213,16 @@ def problems(path: Path, case=None, result: Result | None = None) -> list[str]:
         result, why = read(path)
         if result is None:
             return [why]
-    doc = result.model_dump()
-    hw = doc.get("hardware") or {}
-    slug = hw.get("slug")
-    if not isinstance(slug, str) or not SLUG.fullmatch(slug):
-        return [f"its hardware name {slug!r} is not a hardware slug"]
-    if slug != path.parent.name:
-        return [f"its hardware name {slug!r} is not the folder it is stored in ({path.parent.name})"]
+    hw = result.hardware
+    if not isinstance(hw.slug, str) or not SLUG.fullmatch(hw.slug):
+        return [f"its hardware name {hw.slug!r} is not a hardware slug"]
+    if hw.slug != path.parent.name:
+        return [f"its hardware name {hw.slug!r} is not the folder it is stored in ({path.parent.name})"]
     out = ceilings_problems(hw)
-    measured = hw.get("measured") or {}
-    points = list(doc.get("kernel_level") or []) + list((doc.get("workload_level") or {}).get("points") or [])
-    link = (hw.get("topology") or {}).get("bus_gbps")
-    device = "cuda" if hw.get("kind") == "gpu" else "cpu"
-    for p in points:
-        out += point_problems(p, measured, link) + stability_problems(p, device)
+    link = hw.topology.bus_gbps if hw.topology is not None else None
+    device = "cuda" if hw.kind == "gpu" else "cpu"
+    for p in result.kernel_level + result.workload_level.points:
+        out += point_problems(p, hw.measured, link) + stability_problems(p, device)
     if case is not None and not out:
-        out += claims_problems(case, doc)
+        out += claims_problems(case, result)
     return out

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Callable
 
 from casebook.case import EndToEndLevel
-from casebook.result import HarnessCost, Point, Record, WorkloadSummary, shape_label
+from casebook.result import EndToEndResult, HarnessCost, Point, Record, WorkloadSummary, shape_label
 from casebook.stats import weighted_geomean
 from casebook.tolerance import TOLERANCE
 
@@ -40,31 +40,34 @@ class Scenario(Record):
     harness: HarnessCost | None = None
 
 
-def speedups(points: list[dict], baseline: str) -> list[float | None]:
+def speedups(points: list[Point], baseline: str) -> list[float | None]:
     """Each point's speedup: the baseline's median at the same shape and dtype over its own; None where either
     is untimed."""
-    base = {(shape_label(p["shape"]), p["dtype"]): p.get("median_us") for p in points if p["variant"] == baseline}
+    base = {(shape_label(p.shape), p.dtype): p.median_us for p in points if p.variant == baseline}
     out = []
     for p in points:
-        b = base.get((shape_label(p["shape"]), p["dtype"]))
-        out.append(b / p["median_us"] if b and p.get("median_us") else None)
+        b = base.get((shape_label(p.shape), p.dtype))
+        out.append(b / p.median_us if b and p.median_us else None)
     return out
 
 
-def workload_summary(points: list[dict], baseline: str) -> list[dict]:
+def workload_summary(points: list[Point], baseline: str) -> list[WorkloadSummary]:
     """Per variant over the workload's points (each with `speedup` and `weight`): shapes, how many timed, and
-    where every shape is timed, the weighted geomean, the worst shape and the regressions."""
+    where every shape is timed, the weighted geomean, the worst shape and the regressions (left unset otherwise,
+    as the stored summary leaves them out)."""
     out = []
-    for name in dict.fromkeys(p["variant"] for p in points):
-        mine = [p for p in points if p["variant"] == name]
-        timed = [p for p in mine if p.get("speedup")]
-        row = {"variant": name, "shapes": len(mine), "timed": len(timed)}
-        if timed and len(timed) == len(mine):
-            worst = min(timed, key=lambda p: p["speedup"])
-            row.update(geomean_speedup=weighted_geomean([p["speedup"] for p in timed], [p["weight"] for p in timed]),
-                       worst_speedup=worst["speedup"], worst_shape=worst["shape"],
-                       regressions=[p["shape"] for p in timed if p["speedup"] < REGRESSION and name != baseline])
-        out.append(row)
+    for name in dict.fromkeys(p.variant for p in points):
+        mine = [p for p in points if p.variant == name]
+        timed = [p for p in mine if p.speedup]
+        if not timed or len(timed) < len(mine):
+            out.append(WorkloadSummary(variant=name, shapes=len(mine), timed=len(timed)))
+            continue
+        worst = min(timed, key=lambda p: p.speedup)
+        out.append(WorkloadSummary(
+            variant=name, shapes=len(mine), timed=len(timed),
+            geomean_speedup=weighted_geomean([p.speedup for p in timed], [p.weight for p in timed]),
+            worst_speedup=worst.speedup, worst_shape=worst.shape,
+            regressions=[p.shape for p in timed if p.speedup < REGRESSION and name != baseline]))
     return out
 
 
@@ -103,38 +106,44 @@ def rel_diff(a: list[float], b: list[float]) -> float:
     return num / (math.sqrt(sum(x * x for x in a)) or 1.0)
 
 
-def end_to_end(spec: EndToEndLevel, runs: dict, on_gpu: bool) -> dict:
+def end_to_end(spec: EndToEndLevel, runs: dict[str, Scenario], on_gpu: bool) -> EndToEndResult:
     """Level 3 from the scenario's timings of the baseline and the variant (`runs`, by variant name): the
     kernel's share of the baseline, the kernel speedup, Amdahl's bound and the measured speedup, and whether
-    the two scenarios' outputs agree."""
-    doc = {"description": spec.description, "shape": spec.shape if on_gpu else spec.cpu_shape, "dtype": spec.dtype,
-           "baseline": spec.baseline, "variant": spec.variant}
+    the two scenarios' outputs agree. A number is set only where it was measured, as the stored level leaves the
+    others out."""
+    head = dict(description=spec.description, shape=spec.shape if on_gpu else spec.cpu_shape, dtype=spec.dtype,
+                baseline=spec.baseline, variant=spec.variant)
     base, var = runs.get(spec.baseline), runs.get(spec.variant)
-    if not base or base.get("status") != "ok":
-        return {**doc, "status": "skipped" if base is None else "failed",
-                "error": (base or {}).get("error", f"baseline {spec.baseline} cannot be timed here")}
-    share = base["kernel_us"] / base["scenario_us"]
-    doc.update(baseline_us=base["scenario_us"], baseline_kernel_us=base["kernel_us"], kernel_share=share)
+    if base is None or base.status != "ok":
+        return EndToEndResult(**head, status="skipped" if base is None else "failed",
+                              error=_why(base, f"baseline {spec.baseline} cannot be timed here"))
+    share = base.kernel_us / base.scenario_us
+    head.update(baseline_us=base.scenario_us, baseline_kernel_us=base.kernel_us, kernel_share=share)
     if share > SHARE_MAX:
-        return {**doc, "status": "failed",
-                "error": f"kernel share {share:.0%} of the scenario: timings disturbed (a loaded machine?); run again"}
-    if not var or var.get("status") != "ok":
-        return {**doc, "status": "partial",
-                "error": (var or {}).get("error", f"variant {spec.variant} cannot be timed here")}
-    if (mine := var["kernel_us"] / var["scenario_us"]) > SHARE_MAX:
-        return {**doc, "status": "failed", "error": f"the variant's kernel share {mine:.0%} of its scenario: its "
-                                                    "kernel timed alone took longer than the whole; run again"}
-    kernel_speedup = base["kernel_us"] / var["kernel_us"]
+        return EndToEndResult(**head, status="failed", error=f"kernel share {share:.0%} of the scenario: timings "
+                                                             "disturbed (a loaded machine?); run again")
+    if var is None or var.status != "ok":
+        return EndToEndResult(**head, status="partial",
+                              error=_why(var, f"variant {spec.variant} cannot be timed here"))
+    if (mine := var.kernel_us / var.scenario_us) > SHARE_MAX:
+        return EndToEndResult(**head, status="failed", error=f"the variant's kernel share {mine:.0%} of its "
+                                                             "scenario: its kernel timed alone took longer than the "
+                                                             "whole; run again")
+    kernel_speedup = base.kernel_us / var.kernel_us
     bound = amdahl(share, kernel_speedup)
-    measured = base["scenario_us"] / var["scenario_us"]
+    measured = base.scenario_us / var.scenario_us
     # the first outputs, and those after timing on new values in the same tensors (an answer kept by the inputs'
     # memory is stale there)
-    diff = max(rel_diff(base["fingerprint"], var["fingerprint"]),
-               rel_diff(base["after_fingerprint"], var["after_fingerprint"]))
+    diff = max(rel_diff(base.fingerprint, var.fingerprint), rel_diff(base.after_fingerprint, var.after_fingerprint))
     agree = diff <= 2 * TOLERANCE[spec.dtype]
-    doc.update(status="ok" if agree else "failed", variant_us=var["scenario_us"], variant_kernel_us=var["kernel_us"],
-               kernel_speedup=kernel_speedup, amdahl_speedup=bound, measured_speedup=measured,
-               gap=measured / bound - 1, outputs_rel_diff=diff)
+    head.update(variant_us=var.scenario_us, variant_kernel_us=var.kernel_us, kernel_speedup=kernel_speedup,
+                amdahl_speedup=bound, measured_speedup=measured, gap=measured / bound - 1, outputs_rel_diff=diff)
     if not agree:
-        doc["error"] = f"scenario outputs differ between {spec.baseline} and {spec.variant} by {diff:.3g}"
-    return doc
+        return EndToEndResult(**head, status="failed", error=f"scenario outputs differ between {spec.baseline} and "
+                                                             f"{spec.variant} by {diff:.3g}")
+    return EndToEndResult(**head, status="ok")
+
+
+def _why(run: Scenario | None, otherwise: str) -> str:
+    """Why a scenario was not timed: its own error, else `otherwise` (no run, or one that gave no reason)."""
+    return run.error if run is not None and run.error is not None else otherwise

@@ -5,6 +5,8 @@ over a bound is unstable, with the reason in numbers, and `casebook check` will 
 
 from __future__ import annotations
 
+from casebook.result import Interference, Point, StabilityBounds, StabilitySummary
+
 SPREAD_RATIO_MAX = {"cuda": 1.5, "cpu": 3.0}
 """Largest p90 / p10 of a point's repetitions. On an H200 the stored points reach 1.17 (softmax) to 1.47
 (one grouped-GEMM point); CPU points on a quiet shared 2-core box 1.3-2.1, where each repetition pays a
@@ -27,58 +29,63 @@ TICK_ALLOWANCE_S = 0.01
 """One /proc/stat tick per CPU: the rounding of a window's busy time, forgiven before judging it."""
 
 
-def bounds() -> dict:
+def bounds() -> StabilityBounds:
     """The bounds, as stored with every result."""
-    return {"spread_ratio_max": SPREAD_RATIO_MAX, "other_cpu_max_cores": OTHER_CPU_MAX_CORES,
-            "run_queue_wait_max": RUN_QUEUE_WAIT_MAX, "min_window_s": MIN_WINDOW_S}
+    return StabilityBounds(spread_ratio_max=SPREAD_RATIO_MAX, other_cpu_max_cores=OTHER_CPU_MAX_CORES,
+                           run_queue_wait_max=RUN_QUEUE_WAIT_MAX, min_window_s=MIN_WINDOW_S)
 
 
-def other_cores(reading: dict) -> float | None:
+def other_cores(reading: Interference) -> float | None:
     """Other processes' CPU over the window, in cores; None where unread or the window is too short."""
-    window, other = reading.get("window_s"), reading.get("other_cpu_s")
+    window, other = reading.window_s, reading.other_cpu_s
     if other is None or not window or window < MIN_WINDOW_S:
         return None
-    return max(0.0, other - TICK_ALLOWANCE_S * reading.get("cpus", 1)) / window
+    cpus = 1 if reading.cpus is None else reading.cpus
+    return max(0.0, other - TICK_ALLOWANCE_S * cpus) / window
 
 
-def readings(point: dict) -> list[tuple[str, dict]]:
+def readings(point: Point) -> list[tuple[str, Interference]]:
     """The readings a point is judged by, each with how a reason names it: a multi-device point's every
     rank's (`rank_interference`: a busy CPU slows the collective whichever rank it is beside), else its own."""
-    ranks = point.get("rank_interference")
-    if ranks:
-        return [(f"rank {r}: ", reading or {}) for r, reading in enumerate(ranks)]
-    return [("", point.get("interference") or {})]
+    if point.rank_interference:
+        return [(f"rank {r}: ", reading) for r, reading in enumerate(point.rank_interference)]
+    return [("", point.interference or Interference())]
 
 
-def reasons(point: dict, device: str) -> list[str]:
+def reasons(point: Point, device: str) -> list[str]:
     """Why a timed point is unstable (empty: stable, or nothing to judge)."""
     out = []
-    p10, p90 = point.get("p10_us"), point.get("p90_us")
+    p10, p90 = point.p10_us, point.p90_us
     limit = SPREAD_RATIO_MAX.get(device, SPREAD_RATIO_MAX["cpu"])
     if p10 and p90 and p90 / p10 > limit:
         out.append(f"spread p90/p10 {p90 / p10:.2f} over {limit:g} ({p10:.1f}-{p90:.1f} us)")
     for who, reading in readings(point):
-        cores = other_cores(reading)
-        if cores is not None and cores > OTHER_CPU_MAX_CORES:
-            out.append(f"{who}other processes used {cores:.2f} cores over the {reading['window_s']:.2f} s timing "
-                       f"(at most {OTHER_CPU_MAX_CORES:g})")
-        wait, window = reading.get("run_queue_wait_s"), reading.get("window_s")
-        if wait is not None and window and wait / window > RUN_QUEUE_WAIT_MAX:
-            out.append(f"{who}waited for a CPU {wait / window:.0%} of the timing (at most {RUN_QUEUE_WAIT_MAX:.0%})")
-        gpu = reading.get("gpu") or {}
-        if gpu.get("other_processes"):
-            out.append(f"{who}other processes on the GPU: pid {', '.join(map(str, gpu['other_processes']))}")
+        out += reading_reasons(reading, who)
     return out
 
 
-def summary(points: list[dict]) -> dict:
+def reading_reasons(reading: Interference, who: str = "") -> list[str]:
+    """Why one reading of the machine makes what was timed over it unstable, each reason led by `who` (empty:
+    a quiet reading, or nothing read): a point's, or the ceilings' measured on a CPU."""
+    out = []
+    cores = other_cores(reading)
+    if cores is not None and cores > OTHER_CPU_MAX_CORES:
+        out.append(f"{who}other processes used {cores:.2f} cores over the {reading.window_s:.2f} s timing "
+                   f"(at most {OTHER_CPU_MAX_CORES:g})")
+    wait, window = reading.run_queue_wait_s, reading.window_s
+    if wait is not None and window and wait / window > RUN_QUEUE_WAIT_MAX:
+        out.append(f"{who}waited for a CPU {wait / window:.0%} of the timing (at most {RUN_QUEUE_WAIT_MAX:.0%})")
+    if reading.gpu is not None and reading.gpu.other_processes:
+        out.append(f"{who}other processes on the GPU: pid {', '.join(map(str, reading.gpu.other_processes))}")
+    return out
+
+
+def summary(points: list[Point]) -> StabilitySummary:
     """How many timed points were judged, how many are unstable, and the busiest reading of the run."""
-    timed = [p for p in points if p.get("median_us") is not None]
-    unstable = [p for p in timed if p.get("unstable")]
+    timed = [p for p in points if p.median_us is not None]
+    unstable = [p for p in timed if p.unstable]
     every = [r for p in timed for _, r in readings(p)]
     cores = [c for c in (other_cores(r) for r in every) if c is not None]
-    waits = [r["run_queue_wait_s"] / r["window_s"] for r in every
-             if r.get("run_queue_wait_s") is not None and r.get("window_s")]
-    return {"points": len(timed), "unstable": len(unstable),
-            "other_cores_max": max(cores, default=None), "run_queue_wait_max": max(waits, default=None),
-            "bounds": bounds()}
+    waits = [r.run_queue_wait_s / r.window_s for r in every if r.run_queue_wait_s is not None and r.window_s]
+    return StabilitySummary(points=len(timed), unstable=len(unstable), other_cores_max=max(cores, default=None),
+                            run_queue_wait_max=max(waits, default=None), bounds=bounds())

@@ -13,12 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from casebook import evidence
+from casebook import evidence, results
 from casebook.claims import evaluate
 from casebook.load import load_case
+from casebook.result import Ceilings, Datasheet, Hardware, Launches, Point, Result
 from casebook.validate import validate
 
-from conftest import FIXTURES, SOFTMAX
+from conftest import FIXTURES, REPO, SOFTMAX
+
+
+def judged_as_run(case, doc: dict) -> list[dict]:
+    """The claims of the result document `doc`, judged from its own points as a run judges and stores them."""
+    result = Result.model_validate(doc)
+    claims = evaluate(case, result.hardware.slug, result.kernel_level, result.workload_level, result.end_to_end)
+    return [c.model_dump(mode="json", exclude_unset=True) for c in claims]
 
 
 @pytest.fixture
@@ -26,7 +34,7 @@ def stored(tmp_path: Path):
     """(path of a consistent H200 result in a scratch results folder, its document, the case)."""
     case = load_case(SOFTMAX)
     doc = json.loads((FIXTURES / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
-    doc["claims"] = evaluate(case, "nvidia-h200", doc["kernel_level"], doc["workload_level"], doc["end_to_end"])
+    doc["claims"] = judged_as_run(case, doc)
     path = tmp_path / "nvidia-h200" / "softmax_fusion.json"
     path.parent.mkdir()
     path.write_text(json.dumps(doc))
@@ -114,7 +122,7 @@ def test_check_refuses_a_forged_result(make_case, tmp_path):
     path = make_case()
     case = load_case(path)
     doc = json.loads((FIXTURES / "results" / "nvidia-h200" / "softmax_fusion.json").read_text())
-    doc["claims"] = evaluate(case, "nvidia-h200", doc["kernel_level"], doc["workload_level"], doc["end_to_end"])
+    doc["claims"] = judged_as_run(case, doc)
     doc.pop("measurement_sha256", None)
     doc.update(case_sha256=provenance.case_sha256(path), kernel_sha256=provenance.kernel_sha256("softmax_fusion"))
     i = next(i for i, c in enumerate(doc["claims"]) if c["held"] is False)
@@ -135,3 +143,73 @@ def test_a_text_longer_than_any_the_harness_writes_is_refused(stored):
     doc["kernel_level"][0]["error"] = "x" * (RECORD_TEXT_MAX + 1)
     [why] = evidence.problems(write(path, doc), case)
     assert why.startswith("is not a valid result: kernel_level.0.error: String should have at most")
+
+
+CEILINGS = Ceilings(copy_gbps=10.0, matmul_tflops={"fp32": 1.0}, launch_us=1e-3, graph_launch_us=1e-3)
+
+
+def test_a_stored_median_that_is_not_the_slowest_ranks_is_refused():
+    p = Point(variant="v", shape={"n": 1}, dtype="fp32", status="ok", median_us=10.0, p10_us=9.0, p90_us=11.0,
+              flops=1.0, bytes=1.0, rank_median_us=[10.0, 14.0])
+    [why] = evidence.point_problems(p, CEILINGS)
+    assert why == "v 1 fp32: its median 10 us is not the slowest of its ranks' medians ([10.0, 14.0])"
+    assert evidence.point_problems(p.model_copy(update={"rank_median_us": [10.0, 7.0]}), CEILINGS) == []
+
+
+def test_a_point_placed_under_other_ceilings_or_with_uncounted_launches_is_caught():
+    """Without its launches recorded a point is placed as one direct launch, and its floor has no bound from above."""
+    p = Point(variant="v", shape={"n": 1}, dtype="fp32", status="ok", median_us=10.0, p10_us=9.0, p90_us=11.0,
+              flops=1.0, bytes=1e4, bandwidth_roof_gbps=20.0, floor_us=1e6)
+    assert evidence.point_problems(p, CEILINGS) == [
+        "v 1 fp32: stored bandwidth_roof_gbps 20 is not the result's measured 10"]
+    counted = p.model_copy(update={"launches": Launches(direct=1, graph=0, counted=True)})
+    assert "stored floor 1e+06 us is outside" in evidence.point_problems(counted, CEILINGS)[1]
+
+
+def test_ceilings_above_or_far_under_the_datasheet_are_caught():
+    """Against the datasheet's peaks: a dtype it has a peak for and the result did not measure is not judged."""
+    sheet = Datasheet(name="GPU", match=["GPU"], bandwidth_gbps=100.0, peak_tflops={"fp32": 10.0, "bf16": 20.0})
+    measured = CEILINGS.model_copy(update={"copy_gbps": 200.0, "matmul_tflops": {"fp32": 0.05}})
+    hw = Hardware(slug="gpu", name="GPU", kind="gpu", datasheet=sheet, measured=measured)
+    assert evidence.ceilings_problems(hw) == [
+        "its measured copy bandwidth 200 GB/s is above the datasheet's 100 GB/s",
+        "its measured fp32 matmul 0.05 TFLOP/s is under a hundredth of the datasheet's 10"]
+    assert evidence.ceilings_problems(hw.model_copy(update={"datasheet": None})) == []
+
+
+COMMITTED = sorted((REPO / "results").glob("*/*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_committed_verdict_is_what_its_points_give(path):
+    """What `casebook check` holds every stored result to: its claims judged again from its points (and its paired
+    timings' rounds) give its stored verdicts, word for word."""
+    result = results.load(path)
+    case = load_case(REPO / "cases" / f"{result.case_id}.yaml")
+    again = evidence.judged(case, result)
+    assert evidence.claims_problems(case, result) == []
+    assert [(c.held, c.detail) for c in again] == [(c.held, c.detail) for c in result.claims]
+
+
+def test_a_paired_timing_is_judged_from_its_rounds_not_its_stored_speedup():
+    """gemm_tiled's TMA claim holds on its paired timings alone (0.91x in the ladder, 1.02x in alternation): a
+    stored speedup edited is taken again from the rounds, and rounds edited fail it."""
+    path = REPO / "results" / "nvidia-h200" / "gemm_tiled.json"
+    case = load_case(REPO / "cases" / "gemm_tiled.yaml")
+    result = results.load(path)
+    i, claim = next((i, c) for i, c in enumerate(result.claims) if c.paired)
+    assert claim.held is True and "timed in alternation" in claim.detail
+
+    def with_paired(*paired) -> Result:
+        forged = claim.model_copy(update={"paired": list(paired)})
+        return result.model_copy(update={"claims": [*result.claims[:i], forged, *result.claims[i + 1:]]})
+
+    first, second = claim.paired
+    boasted = with_paired(first.model_copy(update={"speedup": 9.0}), second)
+    assert evidence.judged(case, boasted)[i].detail == claim.detail
+    slow = [[a, 0.5 * a] for a, _ in first.rounds_us]  # the other at half the variant's time in every round
+    [why] = evidence.claims_problems(case, with_paired(first.model_copy(update={"rounds_us": slow}), second))
+    assert "is stored as held, but its points say failed (worst 0.50x at 4096x4096x4096 bf16, timed" in why
+    [why] = evidence.claims_problems(case, with_paired(first.model_copy(update={"rounds_us": [[1.0, -1.0]]}), second))
+    assert "its points say failed (worst 0.91x at 4096x4096x4096 bf16 over 2 points (need 0.95x)" in why, \
+        "a round that is no time leaves the timing out: the ladder judges"

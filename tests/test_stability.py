@@ -13,14 +13,20 @@ import pytest
 import casebook.kernels
 from casebook import stability
 from casebook.load import load_case
+from casebook.result import GpuState, Interference, Point
 from casebook.run import orchestrate
 from casebook.validate import unpublishable
 
 CHEATS_DIR = Path(__file__).parent / "fixtures" / "kernels"
 CEILINGS = {"copy_gbps": 1e3, "matmul_tflops": {"fp32": 1e3}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 
-QUIET = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 12.0,
-         "interference": {"window_s": 0.5, "other_cpu_s": 0.02, "cpus": 2, "run_queue_wait_s": 0.001}}
+READING = Interference(window_s=0.5, other_cpu_s=0.02, cpus=2, run_queue_wait_s=0.001)
+QUIET = Point(variant="v", shape={"n": 1}, dtype="fp32", status="ok", median_us=10.0, p10_us=9.0, p90_us=12.0,
+              interference=READING)
+
+
+def quiet(**change) -> Point:
+    return QUIET.model_copy(update=change)
 
 
 def test_a_quiet_point_is_stable():
@@ -29,30 +35,45 @@ def test_a_quiet_point_is_stable():
 
 @pytest.mark.parametrize("change, words", [
     ({"p10_us": 1.0, "p90_us": 31.0}, "spread p90/p10 31.00 over 3"),
-    ({"interference": {**QUIET["interference"], "other_cpu_s": 0.9}}, "other processes used 1.76 cores"),
-    ({"interference": {**QUIET["interference"], "run_queue_wait_s": 0.2}}, "waited for a CPU 40% of the timing"),
-    ({"interference": {**QUIET["interference"], "gpu": {"other_processes": [4242]}}}, "on the GPU: pid 4242"),
+    ({"interference": READING.model_copy(update={"other_cpu_s": 0.9})}, "other processes used 1.76 cores"),
+    ({"interference": READING.model_copy(update={"run_queue_wait_s": 0.2})}, "waited for a CPU 40% of the timing"),
+    ({"interference": READING.model_copy(update={"gpu": GpuState(sm_clock_mhz=1980, mem_clock_mhz=3201,
+                                                                 other_processes=[4242])})},
+     "on the GPU: pid 4242"),
 ])
 def test_each_bound_marks_a_point(change, words):
-    [why] = stability.reasons({**QUIET, **change}, "cpu")
+    [why] = stability.reasons(quiet(**change), "cpu")
     assert words in why
 
 
+def test_every_ranks_reading_is_named_by_its_rank():
+    """A multi-device point is judged on each rank's reading, its own `interference` aside."""
+    busy = READING.model_copy(update={"run_queue_wait_s": 0.2})
+    [why] = stability.reasons(quiet(rank_interference=[READING, busy], interference=busy), "cpu")
+    assert why.startswith("rank 1: waited for a CPU 40%")
+
+
 def test_the_gpu_bound_on_spread_is_tighter():
-    point = {**QUIET, "p10_us": 10.0, "p90_us": 16.0}
+    point = quiet(p10_us=10.0, p90_us=16.0)
     assert stability.reasons(point, "cpu") == [] and "over 1.5" in stability.reasons(point, "cuda")[0]
 
 
 def test_a_short_window_is_not_judged_on_ticks():
-    reading = {"window_s": 0.02, "other_cpu_s": 0.04, "cpus": 2}
+    reading = Interference(window_s=0.02, other_cpu_s=0.04, cpus=2)
     assert stability.other_cores(reading) is None
-    assert stability.reasons({**QUIET, "interference": reading}, "cpu") == []
+    assert stability.reasons(quiet(interference=reading), "cpu") == []
+
+
+def test_a_reading_without_its_cpus_forgives_one_tick():
+    assert stability.other_cores(Interference(window_s=1.0, other_cpu_s=0.5)) == pytest.approx(0.49)
 
 
 def test_summary_counts_the_unstable():
-    points = [QUIET, {**QUIET, "unstable": ["x"]}, {"status": "checked"}]
+    points = [QUIET, quiet(unstable=["x"], interference=READING.model_copy(update={"run_queue_wait_s": 0.05})),
+              Point(variant="v", shape={"n": 2}, dtype="fp32", status="checked")]
     s = stability.summary(points)
-    assert (s["points"], s["unstable"]) == (2, 1) and s["bounds"]["other_cpu_max_cores"] == 0.5
+    assert (s.points, s.unstable) == (2, 1) and s.bounds.other_cpu_max_cores == 0.5
+    assert s.run_queue_wait_max == pytest.approx(0.1) and s.other_cores_max == pytest.approx(0.0)
 
 
 TINY_CASE = """\

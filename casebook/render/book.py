@@ -9,7 +9,7 @@ from casebook import evidence, provenance
 from casebook.case import Case
 from casebook.load import load_case
 from casebook.paths import refusal
-from casebook.result import ClaimOutcome, Result
+from casebook.result import Result
 from casebook.roofline import ceilings_apart
 
 
@@ -135,8 +135,7 @@ def _attach(book: Book, path: Path) -> None:
         raise BookError(f"{path}: not evidence: {forged[0]}")
     # The case's own claims, judged from the stored points, whatever the file says of them: a stale result's too
     # (its verdicts were never checked against its points, and its page says it is stale).
-    result = result.model_copy(update={"claims": [ClaimOutcome.model_validate(c)
-                                                  for c in evidence.judged(entry.case, result.model_dump())]})
+    result = result.model_copy(update={"claims": evidence.judged(entry.case, result)})
     stored = StoredResult(result, path, stale)
     entry.results.append(stored)
 
