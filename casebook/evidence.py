@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from casebook import stability
 from casebook.case import SpeedupClaim
 from casebook.claims import Paired, evaluate, pair_key
-from casebook.result import Ceilings, ClaimOutcome, Hardware, Point, Result, shape_label
+from casebook.result import Ceilings, ClaimOutcome, Datasheet, Point, Result, shape_label
 from casebook.results import ResultError, load
 from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
 
@@ -48,10 +48,9 @@ def _label(p: Point) -> str:
     return f"{p.variant} {shape_label(p.shape)} {p.dtype}"
 
 
-def ceilings_problems(hardware: Hardware) -> list[str]:
+def ceilings_problems(measured: Ceilings, sheet: Datasheet | None) -> list[str]:
     """The measured ceilings against the datasheet, where the machine has one: none above its peak (with
     `DATASHEET_MARGIN`), none missing, none under a hundredth of it."""
-    measured, sheet = hardware.measured, hardware.datasheet
     out = []
     pairs = [("copy bandwidth", measured.copy_gbps, sheet.bandwidth_gbps if sheet else None, "GB/s")]
     for dtype, peak in ((sheet.peak_tflops if sheet else None) or {}).items():
@@ -218,7 +217,7 @@ def problems(path: Path, case=None, result: Result | None = None) -> list[str]:
         return [f"its hardware name {hw.slug!r} is not a hardware slug"]
     if hw.slug != path.parent.name:
         return [f"its hardware name {hw.slug!r} is not the folder it is stored in ({path.parent.name})"]
-    out = ceilings_problems(hw)
+    out = ceilings_problems(hw.measured, hw.datasheet)
     link = hw.topology.bus_gbps if hw.topology is not None else None
     device = "cuda" if hw.kind == "gpu" else "cpu"
     for p in result.kernel_level + result.workload_level.points:

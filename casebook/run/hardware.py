@@ -16,7 +16,7 @@ from pathlib import Path
 from casebook import paths, stability
 from casebook.datasheets import datasheets
 from casebook.evidence import ceilings_problems
-from casebook.result import Ceilings, slug
+from casebook.result import Ceilings, Datasheet, Interference, slug
 from casebook.run.bench import HOST_SLACK_US, Protocol, time_fn
 from casebook.run.interference import Window
 
@@ -238,7 +238,7 @@ def ceilings(remeasure: bool = False) -> dict:
         measured = best_of(measured, attempt) if measured else attempt
         # On a GPU the ceilings are the device's: the host's other processes do not slow a copy or a matmul
         # there, and the measurement rests the clock between matmuls, so only a CPU's reading is judged.
-        busy = stability.reasons({"interference": reading}, "cpu") if ident["kind"] == "cpu" else []
+        busy = stability.reading_reasons(Interference(**reading)) if ident["kind"] == "cpu" else []
         measured.update(interference=reading, unstable=busy or None)
         if not measured["unstable"]:
             break
@@ -289,7 +289,7 @@ def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
                else [None])]
     if not all(isinstance(r, (int, float)) and r > 0 and r == r and r != float("inf") for r in rates):
         return ["a ceiling is not a positive number"]
-    return ceilings_problems({"measured": measured, "datasheet": ident.get("datasheet") or {}})
+    return ceilings_problems(Ceilings(**measured), Datasheet(**ident["datasheet"]) if ident.get("datasheet") else None)
 
 
 def cached_valid(cached: dict) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from casebook.result import Ceilings, Interference, Point
 from casebook.run.bench import Protocol
 from casebook.run.child import Task, work
 from casebook.run.distributed import lockstep, merge
@@ -67,20 +68,22 @@ def test_the_parent_takes_the_slowest_rank_again_from_the_repetitions():
 def test_a_stored_median_that_is_not_the_slowest_ranks_is_refused():
     from casebook.evidence import point_problems
 
-    p = {"variant": "v", "shape": {"n": 1}, "dtype": "fp32", "status": "ok", "median_us": 10.0, "p10_us": 9.0,
-         "p90_us": 11.0, "flops": 1.0, "bytes": 1.0, "rank_median_us": [10.0, 14.0]}
-    measured = {"copy_gbps": 10.0, "matmul_tflops": {"fp32": 1.0}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+    p = Point(variant="v", shape={"n": 1}, dtype="fp32", status="ok", median_us=10.0, p10_us=9.0, p90_us=11.0,
+              flops=1.0, bytes=1.0, rank_median_us=[10.0, 14.0])
+    measured = Ceilings(copy_gbps=10.0, matmul_tflops={"fp32": 1.0}, launch_us=1e-3, graph_launch_us=1e-3)
     assert "is not the slowest of its ranks' medians" in point_problems(p, measured)[0]
-    assert point_problems({**p, "rank_median_us": [10.0, 7.0]}, measured) == []
+    assert point_problems(p.model_copy(update={"rank_median_us": [10.0, 7.0]}), measured) == []
 
 
 def test_every_ranks_reading_is_judged():
     from casebook.stability import reasons
 
-    quiet, busy = {"window_s": 1.0, "other_cpu_s": 0.0, "cpus": 2}, {"window_s": 1.0, "other_cpu_s": 0.9, "cpus": 2}
-    point = {"interference": quiet, "rank_interference": [quiet, busy]}
+    quiet = Interference(window_s=1.0, other_cpu_s=0.0, cpus=2)
+    busy = Interference(window_s=1.0, other_cpu_s=0.9, cpus=2)
+    point = Point(variant="v", shape={"n": 1}, dtype="fp32", status="ok", interference=quiet,
+                  rank_interference=[quiet, busy])
     assert reasons(point, "cpu") == ["rank 1: other processes used 0.88 cores over the 1.00 s timing (at most 0.5)"]
-    assert reasons({**point, "rank_interference": [quiet, quiet]}, "cpu") == []
+    assert reasons(point.model_copy(update={"rank_interference": [quiet, quiet]}), "cpu") == []
 
 
 def test_merge_lets_a_failing_rank_decide():
@@ -104,15 +107,16 @@ def _ranked_here(monkeypatch) -> None:
     monkeypatch.setattr(casebook.kernels, "__path__", [*casebook.kernels.__path__, str(FIXTURES)])
 
 
-def _judged(t: Task, raw: dict) -> dict:
+def _judged(t: Task, raw: dict) -> Point:
     from casebook.run import judge
+    from casebook.run.messages import Answer, PointRun, read
     from casebook.run.oracle import OracleTask
     from casebook.run.oracle import work as oracle_work
 
     seeds = sorted({c["seed"] for calls in raw["rank_calls"] for c in calls})
     answers = oracle_work(OracleTask(module="ranked", shape=t.shape, dtype=t.dtype, device="cpu", seeds=tuple(seeds),
                                      inputs="make_inputs", traffic="traffic"))
-    return judge.point(t, raw, answers)
+    return judge.point(t, read(PointRun, raw), read(Answer, answers))
 
 
 @pytest.mark.slow
@@ -124,10 +128,10 @@ def test_two_ranks_over_gloo_run_alike_and_the_slowest_is_judged(monkeypatch):
     assert raw["ranks"] == 2 and len(raw["rank_median_us"]) == 2
     assert len(raw["times_us"]) == 20  # every rank called the collective alike
     point = _judged(t, raw)
-    assert point["status"] == "ok" and point["correct"], point
-    assert point["ranks"] == 2 and point["median_us"] == max(point["rank_median_us"])  # the slowest rank's
-    assert point["rank_median_us"][point["slowest_rank"]] == point["median_us"]
-    assert len(point["rank_interference"]) == 2
+    assert point.status == "ok" and point.correct, point
+    assert point.ranks == 2 and point.median_us == max(point.rank_median_us)  # the slowest rank's
+    assert point.rank_median_us[point.slowest_rank] == point.median_us
+    assert len(point.rank_interference) == 2
 
 
 @pytest.mark.slow
@@ -137,7 +141,7 @@ def test_every_ranks_outputs_are_checked_not_the_slowest_alone(monkeypatch):
     (raw,) = _run([t])
     assert raw["status"] == "ran" and raw["slowest_rank"] == 0, raw.get("rank_median_us")  # the right one
     point = _judged(t, raw)
-    assert point["status"] == "failed" and point["error"].startswith("rank 1: seed"), point
+    assert point.status == "failed" and point.error.startswith("rank 1: seed"), point
 
 
 @pytest.mark.slow
@@ -169,7 +173,7 @@ def test_a_foreign_burner_beside_two_ranks_is_a_busy_machine(monkeypatch):
             b.wait()
     assert raw["status"] == "ran", raw
     point = _judged(t, raw)
-    assert any("other processes used" in r for r in reasons(point, "cpu")), point.get("rank_interference")
+    assert any("other processes used" in r for r in reasons(point, "cpu")), point.rank_interference
 
 
 @pytest.mark.slow
@@ -251,11 +255,10 @@ def test_a_ranked_point_is_placed_against_the_link_and_placed_again_on_load():
     p = judge.place_point(t, run, times, ranked, traffic, {"variant": "honest", "shape": t.shape, "dtype": "fp32"})
     assert p.status == "ok" and p.link_floor_us == pytest.approx(1.0) == p.floor_us
     assert p.link_roof_gbps == 1.0 and p.bus_gbps == pytest.approx(0.5) and p.roof_fraction == 0.5
-    stored = p.model_dump(exclude_unset=True)
-    measured = {"copy_gbps": 1e6, "matmul_tflops": {"fp32": 1000.0}, "launch_us": 1e-3, "graph_launch_us": 1e-3}
-    assert point_problems(stored, measured, link_gbps=1.0) == []
-    assert "link_roof_gbps 1 is not the result's measured link" in point_problems(stored, measured, 2.0)[0]
-    fast = {**stored, "median_us": 0.5, "p10_us": 0.5, "p90_us": 0.5, "rank_median_us": [0.5, 0.4]}
+    measured = Ceilings(copy_gbps=1e6, matmul_tflops={"fp32": 1000.0}, launch_us=1e-3, graph_launch_us=1e-3)
+    assert point_problems(p, measured, link_gbps=1.0) == []
+    assert "link_roof_gbps 1 is not the result's measured link" in point_problems(p, measured, 2.0)[0]
+    fast = p.model_copy(update={"median_us": 0.5, "p10_us": 0.5, "p90_us": 0.5, "rank_median_us": [0.5, 0.4]})
     assert "faster than physics" in point_problems(fast, measured, link_gbps=1.0)[0]
 
 

@@ -71,8 +71,9 @@ def test_ceilings_apart_over_a_fifth():
 def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
     from casebook.run.hardware import ceilings_implausible
 
-    sheet = {"datasheet": {"bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}}}
-    good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0}
+    sheet = {"datasheet": {"name": "NVIDIA H200", "match": ["H200"], "bandwidth_gbps": 4800,
+                           "peak_tflops": {"bf16": 989.4}}}
+    good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0, "graph_launch_us": 0.8}
     assert ceilings_implausible(good, sheet) == []
     assert ceilings_implausible({**good, "copy_gbps": 48000.0}, sheet)  # a tenfold bandwidth: a tampered cache
     assert ceilings_implausible({**good, "matmul_tflops": {"bf16": -1.0}}, sheet)
@@ -89,13 +90,13 @@ def test_ceilings_measured_on_a_busy_machine_are_measured_again_and_never_cached
     monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
     attempts = iter([fake_ceilings(3.7), fake_ceilings(12.0), fake_ceilings(9.0)])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: next(attempts))
-    monkeypatch.setattr(hardware.stability, "reasons", lambda point, device: ["waited for a CPU 40% of the timing"])
+    monkeypatch.setattr(hardware.stability, "reading_reasons", lambda reading: ["waited for a CPU 40% of the timing"])
     busy = hardware.ceilings()
     assert busy["copy_gbps"] == 12.0  # each ceiling at its best over the attempts
     assert busy["unstable"] == ["waited for a CPU 40% of the timing"]
     assert not list(tmp_path.glob("ceilings-*.json"))  # the next run measures again
 
-    monkeypatch.setattr(hardware.stability, "reasons", lambda point, device: [])
+    monkeypatch.setattr(hardware.stability, "reading_reasons", lambda reading: [])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(13.0))
     quiet = hardware.ceilings()
     assert quiet["copy_gbps"] == 13.0 and not quiet["unstable"]
@@ -156,7 +157,7 @@ def test_a_cache_that_is_not_ceilings_is_measured_again_not_believed(tmp_path, m
     own or a rate of the wrong type once ended every later run with a ValidationError; now it is measured again."""
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
-    monkeypatch.setattr(hardware.stability, "reasons", lambda point, device: [])
+    monkeypatch.setattr(hardware.stability, "reading_reasons", lambda reading: [])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(13.0))
     hardware.ceilings()
     cache = tmp_path / "ceilings-cpu-toy.json"

@@ -426,8 +426,8 @@ def test_execute_asks_no_child_for_a_kept_point(book, monkeypatch):
     tasks = _tasks(path, "honest")
     reuse = {resume.point_key(t.level, t.variant, t.shape, t.dtype): stub_payload(t)
              for t in tasks if t.kind == "point"}
-    reuse[("kernel", "honest", "16x32", "fp32")] = Point(variant="honest", shape={"rows": 16, "cols": 32},
-                                                         dtype="fp32", status="ok", median_us=3.0)  # no harness of its own
+    reuse[("kernel", "honest", "16x32", "fp32")] = Point(  # no harness of its own
+        variant="honest", shape={"rows": 16, "cols": 32}, dtype="fp32", status="ok", median_us=3.0)
     reuse[resume.point_key("end_to_end", "honest", tasks[-1].shape, tasks[-1].dtype)] = Point(
         variant="honest", shape=tasks[-1].shape, dtype=tasks[-1].dtype, status="ok")
     before = copy.deepcopy(reuse)
