@@ -4,7 +4,7 @@ site; strict, every field described (`casebook schema --result`)."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,12 +65,21 @@ class Interference(Record):
 
 
 class TrafficTerm(Record):
-    """One pass the traffic model counts."""
+    """One pass the traffic model counts: what it is, the bytes it moves through device memory, the FLOPs it does.
+    A kernel module's traffic model lists them (`casebook.traffic.Term`, its name first: `Term("read x",
+    bytes=n * 2)`); a point stores them as its model gave them."""
+
+    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False, frozen=True)
 
     name: str = Field(description="What the pass is, e.g. `read x`.")
-    bytes: float = Field(description="Bytes it moves.")
-    flops: float = Field(description="FLOPs it does.")
-    link: bool | None = Field(default=None, description="True where its bytes cross the link between devices.")
+    bytes: float = Field(default=0.0, description="Bytes it moves.")
+    flops: float = Field(default=0.0, description="FLOPs it does.")
+    link: bool = Field(default=False, description="True where its bytes cross the interconnect between devices "
+                                                  "instead (a collective's bus bytes), held to the link's measured "
+                                                  "ceiling, not memory's.")
+
+    def __init__(self, name: str | None = None, /, **fields):
+        super().__init__(**({"name": name} if name is not None else {}), **fields)
 
 
 class Launches(Record):
@@ -363,24 +372,39 @@ class Environment(Record):
     load_average_end: list[float] | None = Field(default=None, description="The load averages at the end.")
 
 
-class TimingProtocol(Record):
-    """How the points were timed and checked: `bench.Protocol` with the case's cache and graph, and the rules."""
+class Protocol(Record):
+    """How a point is timed: the harness times by it (`casebook.run.bench`), and every result stores it (as part of
+    `TimingProtocol`). Each field has the harness's default; a stored result sets every one it was timed with."""
 
-    cache: str = Field(description="cold: caches flushed before each repetition; warm: not.")
-    graph: bool = Field(description="Whether each call is replayed in a CUDA graph.")
-    warmup_ms: float = Field(description="Warm-up before timing, milliseconds.")
-    min_reps: int = Field(description="Fewest timed repetitions.")
-    max_reps: int = Field(description="Most timed repetitions.")
+    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False, frozen=True)
+
+    cache: str = Field(default="cold", description="cold: caches flushed before each repetition; warm: not.")
+    graph: bool = Field(default=False, description="Whether each call is replayed in a CUDA graph.")
+    warmup_ms: float = Field(default=25.0, description="Warm-up before timing, milliseconds.")
+    min_reps: int = Field(default=10, description="Fewest timed repetitions.")
+    max_reps: int = Field(default=2000, description="Most timed repetitions.")
     target_ci: float | None = Field(
-        default=None, description="Repetitions stop once the median's 95% CI is within this fraction of it (absent "
-                                  "in results timed under the older rule).")
-    time_cap_s: float = Field(description="Most time spent timing one point, seconds.")
-    statistic: str = Field(description="The statistic reported: median.")
+        default=0.005, description="Repetitions stop once the median's 95% confidence interval lies within this "
+                                   "fraction of it on either side (`stats.median_stable`), or at max_reps or "
+                                   "time_cap_s (why: docs/method.md, 3); absent in results timed under the older "
+                                   "rule.")
+    time_cap_s: Annotated[float, Field(allow_inf_nan=True)] = Field(
+        default=1.0, description="Most time spent timing one point, seconds (unbounded for the ranks of a "
+                                 "multi-device point, which stop together: `run.distributed.lockstep`).")
+    statistic: str = Field(default="median", description="The statistic reported: median.")
     host_slack_us: float | None = Field(
-        default=None, description="Device-side delay before each GPU call, microseconds; absent: enough to hide "
-                                  "the call's host time.")
-    rank_barrier: bool | None = Field(default=None, description="Multi-device cases: whether ranks meet at a "
-                                                                "barrier before each repetition.")
+        default=None, description="Device-side delay before each GPU call, microseconds; absent: long enough to "
+                                  "hide the call's host time (`bench.slack_us`); a number: exactly that, and host "
+                                  "time beyond it shows in the timing.")
+    rank_barrier: bool | None = Field(
+        default=False, description="Multi-device cases: whether every rank waits for the others at a barrier "
+                                   "before each timed repetition, after its cache flush, outside its time (without "
+                                   "it a rank's time of a collective holds its siblings' lateness).")
+
+
+class TimingProtocol(Protocol):
+    """How the points were timed and checked: the `Protocol`, with the case's cache and graph, and the rules."""
+
     timer: str = Field(description="cuda events, or time.perf_counter_ns on a CPU.")
     seed: int = Field(description="Base seed of the inputs.")
     tolerances: dict[str, float] = Field(description="Normwise relative error allowed, per dtype.")

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class Term:
-    """One line of the model: what it is, the bytes it moves through device memory, the FLOPs it does.
-    `link`: its bytes cross the interconnect between devices instead (a collective's bus bytes), and are
-    held to the link's measured ceiling, not memory's."""
-
-    name: str
-    bytes: float = 0.0
-    flops: float = 0.0
-    link: bool = False
+from casebook.result import TrafficTerm as Term
 
 
 @dataclass(frozen=True)

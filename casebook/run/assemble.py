@@ -8,7 +8,7 @@ import math
 import os
 import re
 import shlex
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from casebook import claims as claims_mod
@@ -175,7 +175,7 @@ def timing_protocol(run: Run, protocol: Protocol) -> TimingProtocol:
     """How the run timed and checked its points, in numbers and in words."""
     case, on_gpu = run.case, run.on_gpu
     dtypes = {*case.levels.kernel.dtypes, case.levels.workload.dtype}
-    doc = {**asdict(replace(protocol, cache=case.levels.kernel.cache, graph=case.levels.kernel.graph)),
+    doc = {**protocol.model_dump(), "cache": case.levels.kernel.cache, "graph": case.levels.kernel.graph,
            "timer": "cuda events" if on_gpu else "time.perf_counter_ns", "seed": SEED,
            "tolerances": {d: TOLERANCE[d] for d in dtypes}, "row_tolerances": {d: ROW_TOLERANCE[d] for d in dtypes},
            "isolation": "one child process per variant, which only runs it; the reference in another, "

@@ -18,42 +18,16 @@ host's, as it would in a loop.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from casebook.result import Protocol
 from casebook.run import interference
 from casebook.stats import Summary, median_stable, summarize
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """How a point is timed. Stored with every result."""
-
-    cache: str = "cold"
-    graph: bool = False
-    warmup_ms: float = 25.0
-    min_reps: int = 10
-    max_reps: int = 2000
-    target_ci: float = 0.005
-    """Repetitions stop once the median's 95% confidence interval lies within this fraction of it on
-    either side (`stats.median_stable`), or at `max_reps` or `time_cap_s` (why: docs/method.md, 3)."""
-    time_cap_s: float = 1.0
-    statistic: str = "median"
-    host_slack_us: float | None = None
-    """Device-side delay before each timed GPU call. None: long enough to hide the call's host time
-    (see `slack_us`); a number: exactly that, and host time beyond it shows in the timing."""
-    rank_barrier: bool = False
-    """A multi-device case's ranks (`casebook.run.distributed.lockstep`): every rank waits for the others at a
-    barrier before each timed repetition, after its cache flush, outside its time. Without it a rank's time
-    of a collective holds its siblings' lateness: their flush, or their wait for the CPU."""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 QUICK = Protocol(warmup_ms=5.0, min_reps=5, max_reps=50, target_ci=0.04, time_cap_s=0.3)
 

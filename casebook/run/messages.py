@@ -3,9 +3,10 @@
 A child's answer arrives as data (`transport`: a JSON header, its tensors apart) from a process that ran
 contributed code, so it may say anything. `read` validates it once, strictly, against the model its task
 expects: a variant's point (`PointRun`), a paired timing (`PairRun`), a scenario (`ScenarioRun`), the
-reference's answers (`Answer`), or a task that did not run to the end (`Stopped`, which the harness itself also
-makes: a timeout, a death). An answer out of the format becomes a `Stopped` that says where it is wrong; the
-judge (`casebook.run.judge`) then reads attributes of declared types, never a key a child may have left out.
+reference's answers (`Answer`), the devices' link (`TopologyRun`); or a task that did not run to the end
+(`Stopped`, which the harness itself also makes: a timeout, a death). An answer out of the format becomes a
+`Stopped` that says where it is wrong; the judge (`casebook.run.judge`) then reads attributes of declared
+types, never a key a child may have left out.
 
 What the format cannot say stays the judge's: whether the times are a measurement, whether the calls kept are
 the ones the harness keeps, whether the outputs are right.
@@ -18,7 +19,7 @@ from typing import Annotated, Literal, TypeVar
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, InstanceOf, ValidationError
 
-from casebook.result import Interference, Launches, TrafficTerm
+from casebook.result import Interference, Launches, MeasuredLink, TrafficTerm
 from casebook.run.transport import Unsent
 
 ERROR_MAX = 2000
@@ -50,6 +51,7 @@ class Stopped(Message):
     status: Literal["skipped", "crashed", "timeout", "failed"]
     error: str = "no answer"
     traceback: str | None = None
+    rank: int | None = None
     loaded: list[str] = []
     rebound: list[str] = []
     crossing_error: str | None = None
@@ -89,6 +91,10 @@ class Ran(Message):
     rebound: list[str] = Field(default=[], description="What the harness relies on that the child's code "
                                                        "rebound (`child.rebound`).")
     crossing_error: str | None = Field(default=None, description="Why the lent memory could not be mapped.")
+    rank: int | None = Field(default=None, description="On several devices: the rank whose answer this is "
+                                                       "(`distributed.merge`: the slowest's).")
+    ranks: int | None = None
+    slowest_rank: int | None = None
 
 
 class PointRun(Ran):
@@ -107,8 +113,6 @@ class PointRun(Ran):
     launches: Launches | None = None
     threads: int | None = None
     input_sets: int | None = None
-    ranks: int | None = None
-    slowest_rank: int | None = None
     rank_calls: list[list[Call]] | None = None
     rank_median_us: list[float] | None = None
     rank_times_us: list[list[float]] | None = None
@@ -146,9 +150,13 @@ class ScenarioRun(Ran):
     kernel_fingerprints: list[Fingerprint]
     scenario_times_us: list[float]
     kernel_times_us: list[float]
-    ranks: int | None = None
-    slowest_rank: int | None = None
     rank_median_us: list[float] | None = None
+
+
+class TopologyRun(Ran):
+    """The devices and their link, measured on ranks started for it (`rank.topology`)."""
+
+    topology: MeasuredLink
 
 
 class Expected(Message):

@@ -75,10 +75,12 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
                    "load_average_start": interference.load_average(), "cpu_threads": interference.cpu_threads()})
     progress("note", {"message": "ceilings: " + ("those of the run resumed" if parts else "given by the caller"
                                                   if ceilings else hardware.provenance_of(run.ceilings, since))})
+    link_gbps = None
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
         progress("topology", {"devices": case.kernel.devices})
         ident["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
-    groups = plan(case, on_gpu, protocol, run.ceilings, only, (ident.get("topology") or {}).get("bus_gbps"))
+        link_gbps = ident["topology"].bus_gbps
+    groups = plan(case, on_gpu, protocol, run.ceilings, only, link_gbps)
     progress("plan", {"total": sum(len(g.tasks) for g in groups.values()), "variants": list(groups)})
 
     device = "cuda" if on_gpu else "cpu"

@@ -4,7 +4,7 @@ roofs; the paired timings its speedup claims ask for."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from casebook import claims as claims_mod
 from casebook import paths
@@ -64,7 +64,7 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
     kernel_shapes = lv.kernel.shapes if on_gpu else lv.kernel.cpu_shapes
     workload = lv.workload.shapes if on_gpu else lv.workload.cpu_shapes
     e2e_shape = lv.end_to_end.shape if on_gpu else lv.end_to_end.cpu_shape
-    proto = asdict(replace(protocol, cache=lv.kernel.cache, graph=lv.kernel.graph))
+    proto = {**protocol.model_dump(), "cache": lv.kernel.cache, "graph": lv.kernel.graph}
     groups: dict[str, Group] = {}
     for v in k.variants:
         if only and v.name not in only and v.name != k.baseline:

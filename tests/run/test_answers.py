@@ -7,7 +7,7 @@ No child processes: the reference's child is stood for by an object answering in
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,7 +51,7 @@ class CountingOracle:
 
 def task(variant: str = "honest", **kw) -> Task:
     fields = dict(kind="point", module="cheats", variant=variant, fn=variant, shape=SHAPE, dtype="fp32",
-                  level="kernel", device="cpu", timed=True, seed=SEED, protocol=asdict(QUICK),
+                  level="kernel", device="cpu", timed=True, seed=SEED, protocol=QUICK.model_dump(),
                   reference="reference", inputs="make_inputs", traffic="traffic")
     return Task(**{**fields, **kw})
 

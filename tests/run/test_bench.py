@@ -1,7 +1,6 @@
 """The timer's protocol: the host's issue time measured in warm-up and hidden behind the device-side delay."""
 
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -55,21 +54,21 @@ def test_gpu_timing_measures_the_host_in_warm_up_and_hides_it(fake_gpu):
 
 def test_a_repetition_the_host_issued_late_is_left_out_and_replaced(fake_gpu):
     fake_gpu["late"] = [False, True, False, False, True]  # two of the first five ran past their delay
-    t = time_fn(lambda: None, "cuda", replace(QUICK, max_reps=20))
+    t = time_fn(lambda: None, "cuda", QUICK.model_copy(update={"max_reps": 20}))
     assert len(t.times) >= QUICK.min_reps and set(t.times) == {1.0}  # more taken; none of the slow two
     assert t.interference["late_reps"] == 2 and "late_reps_kept" not in t.interference
 
 
 def test_a_call_the_delay_never_hides_keeps_every_repetition_and_says_so(fake_gpu):
     fake_gpu["late"] = [True] * 100  # the host's issue always outlasts the delay (a call that waits on the device)
-    t = time_fn(lambda: None, "cuda", replace(QUICK, max_reps=8))
+    t = time_fn(lambda: None, "cuda", QUICK.model_copy(update={"max_reps": 8}))
     assert t.times == [50.0] * 8  # bounded by max_reps, and kept: the time includes the host, as it would in a loop
     assert t.interference["late_reps_kept"] == 8 and "late_reps" not in t.interference
 
 
 def test_a_few_late_repetitions_among_many_are_left_out(fake_gpu):
     fake_gpu["late"] = [True, False, False, True, False]
-    t = time_fn(lambda: None, "cuda", replace(QUICK, max_reps=5))  # the cap: five made, three on time
+    t = time_fn(lambda: None, "cuda", QUICK.model_copy(update={"max_reps": 5}))  # the cap: five made, three on time
     assert t.times == [1.0] * 3 and t.interference["late_reps"] == 2
 
 
@@ -85,7 +84,7 @@ def test_the_drive_stamps_when_the_delay_was_issued(monkeypatch):
 
 
 def test_a_fixed_delay_is_kept_as_given(fake_gpu):
-    t = time_fn(lambda: time.sleep(0.002), "cuda", replace(QUICK, host_slack_us=HOST_SLACK_US))
+    t = time_fn(lambda: time.sleep(0.002), "cuda", QUICK.model_copy(update={"host_slack_us": HOST_SLACK_US}))
     assert fake_gpu["slack"] == t.slack_us == HOST_SLACK_US
 
 
@@ -121,7 +120,7 @@ def test_a_graph_captures_a_call_for_every_input_set(monkeypatch):
 
     monkeypatch.setattr(bench, "_sync", lambda device: None)
     monkeypatch.setattr(bench, "_cuda_graph_sampler", graph_sampler)
-    graph = replace(QUICK, graph=True)
+    graph = QUICK.model_copy(update={"graph": True})
     time_fn(lambda: None, "cuda", graph)
     assert seen["calls"] == bench.GRAPH_CALLS
     time_fn(lambda: None, "cuda", graph, input_sets=100)
@@ -148,5 +147,5 @@ def test_ranks_meet_before_each_timed_repetition_outside_its_time(monkeypatch):
     assert timed == ["flush", "meet", "call"] * 8
     assert "meet" not in events[:events.index("flush")], "warm-up calls meet nobody"
     events.clear()
-    time_fn(lambda: events.append("call"), "cpu", replace(proto, rank_barrier=False))
+    time_fn(lambda: events.append("call"), "cpu", proto.model_copy(update={"rank_barrier": False}))
     assert "meet" not in events  # one device: as before

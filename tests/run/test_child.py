@@ -6,7 +6,7 @@ torch: seconds); crashes and hangs are in test_isolate.py (bare) and test_run.py
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from casebook.tolerance import TOLERANCE
 CHEATS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
 SHAPE = {"rows": 64, "cols": 1000}
 SEED = 100
-FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05))
+FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05).model_dump()
 ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 """1 TB/s: the honest kernel (512 KB at this shape, tens of us on a CPU) sits far under the roof."""
 

@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from casebook.run.distributed import lockstep, merge
 from casebook.run.isolate import run_isolated
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
-FAST = asdict(Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm"))
+FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm").model_dump()
 ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 
 
@@ -128,7 +127,7 @@ def test_two_ranks_over_gloo_run_alike_and_the_slowest_is_judged(monkeypatch):
     assert raw["ranks"] == 2 and len(raw["rank_median_us"]) == 2
     assert len(raw["times_us"]) == 20  # every rank called the collective alike
     point = _judged(t, raw)
-    assert point.status == "ok" and point.correct, point
+    assert point.status == "ok" and point.correct, point.error
     assert point.ranks == 2 and point.median_us == max(point.rank_median_us)  # the slowest rank's
     assert point.rank_median_us[point.slowest_rank] == point.median_us
     assert len(point.rank_interference) == 2
@@ -181,8 +180,8 @@ def test_the_link_is_measured():
     from casebook.run.rank import measure_topology
 
     topo = measure_topology(2, "cpu", timeout_s=120)
-    assert topo["devices"] == 2 and topo["backend"] == "gloo" and topo["link"] == "loopback"
-    assert topo["bus_gbps"] > 0
+    assert topo.devices == 2 and topo.backend == "gloo" and topo.link == "loopback"
+    assert topo.bus_gbps > 0 and topo.error is None
 
 
 @pytest.mark.slow
