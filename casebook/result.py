@@ -21,10 +21,13 @@ would otherwise make an 8 MiB page."""
 
 class Record(BaseModel):
     """Base for result records: written by casebook; a field not declared here is an error, and so is a text longer
-    than `RECORD_TEXT_MAX` or a number that is not finite (a stored result is strict JSON). Read by attribute;
-    `model_dump(exclude_unset=True)` gives the keys the stored JSON had."""
+    than `RECORD_TEXT_MAX` or a number that is not finite (a stored result is strict JSON). A field set after
+    construction is validated as it is set: a record is valid from the moment it exists, and is not validated
+    again before it is written. Read by attribute; `model_dump(exclude_unset=True)` gives the keys the stored
+    JSON had."""
 
-    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False,
+                              validate_assignment=True)
 
 
 ShapeDims = dict[str, int]
@@ -69,7 +72,7 @@ class TrafficTerm(Record):
     A kernel module's traffic model lists them (`casebook.traffic.Term`, its name first: `Term("read x",
     bytes=n * 2)`); a point stores them as its model gave them."""
 
-    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     name: str = Field(description="What the pass is, e.g. `read x`.")
     bytes: float = Field(default=0.0, description="Bytes it moves.")
@@ -262,8 +265,7 @@ class Datasheet(Record):
 class CeilingMethod(Record):
     """How each ceiling was measured, in words."""
 
-    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True,
-                              str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False)
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
 
     copy_: str = Field(alias="copy", description="The copy whose bytes read + written over its fastest time are "
                                                  "copy_gbps.")
@@ -376,7 +378,7 @@ class Protocol(Record):
     """How a point is timed: the harness times by it (`casebook.run.bench`), and every result stores it (as part of
     `TimingProtocol`). Each field has the harness's default; a stored result sets every one it was timed with."""
 
-    model_config = ConfigDict(extra="forbid", str_max_length=RECORD_TEXT_MAX, allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     cache: str = Field(default="cold", description="cold: caches flushed before each repetition; warm: not.")
     graph: bool = Field(default=False, description="Whether each call is replayed in a CUDA graph.")

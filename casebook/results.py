@@ -83,14 +83,14 @@ def save(result: Result, results_dir: Path) -> Path:
 
 def save_as(result: Result, path: Path) -> Path:
     """Write `document(result)` atomically (temp file in the same folder, then rename): never a half-written
-    result, and only what `load` reads back (the document is validated again before it is written).
+    result, and only what `load` reads back (a `Result` is valid from its construction, every field set since
+    validated as it was set; strict JSON refuses a number that is not finite).
 
     A complete result replaces the checkpoint beside it; an incomplete one is written as the checkpoint
     (`<path>.partial`).
     """
     _a_result(result)
     doc = document(result)
-    Result.model_validate(doc)
     path = Path(path)
     checkpoint = path.with_name(path.name + PARTIAL)
     if result.complete is False:
