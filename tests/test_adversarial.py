@@ -50,7 +50,7 @@ CAUGHT = {
 }
 FORGED = {
     # an answer forged in the child's process, bypassing the harness: words its error must hold
-    "forges_calls_as_a_dict": "does not make a record",
+    "forges_calls_as_a_dict": "the child's answer is not in the format",
     "forges_a_deep_header": "could not be received (RecursionError",
 }
 HARMLESS = ("honest", "stack_inspection", "grandchild", "prints")
@@ -290,13 +290,17 @@ def test_a_point_without_its_sampled_timed_calls_is_refused():
     alone, and its timed calls were never seen (a graph's replays are not sampled, and none are required there)."""
     from casebook.run import judge
     from casebook.run.child import Task
+    from casebook.run.messages import Call
 
     task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
                 device="cpu", timed=True, seed=1, protocol={})
-    checks = [{"role": "check"}, {"role": "check"}]
+    def call(role: str) -> Call:
+        return Call(role=role, seed=1, tuple=False, outputs=[])
+
+    checks = [call("check"), call("check")]
     assert "0 timed, 0 after" in judge.missing_calls(task, checks)
-    assert judge.missing_calls(task, checks + [{"role": "timed"}] * 2 + [{"role": "after"}]) is None
-    assert "3 timed" in judge.missing_calls(task, checks + [{"role": "timed"}] * 3 + [{"role": "after"}])
+    assert judge.missing_calls(task, checks + [call("timed")] * 2 + [call("after")]) is None
+    assert "3 timed" in judge.missing_calls(task, checks + [call("timed")] * 3 + [call("after")])
     graph = Task(**{**task.__dict__, "device": "cuda", "protocol": {"graph": True}})
-    assert judge.missing_calls(graph, checks + [{"role": "after"}]) is None
+    assert judge.missing_calls(graph, checks + [call("after")]) is None
     assert judge.missing_calls(Task(**{**task.__dict__, "timed": False}), checks) is None

@@ -117,7 +117,7 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
             elif event == "variant" and info["points"]:
                 console.print(harness_line(info), highlight=False)
             elif event == "task":
-                t, p = info["task"], info["payload"]
+                t, p = info["task"], info["record"]
                 name = f"{t.variant} / {t.over}" if t.kind == "pair" else t.variant
                 bar.update(job, advance=1, description=f"{name} {shape_named(t.shape)} {t.dtype}")
                 error = p.error if p.status in ("failed", "crashed", "timeout") else None

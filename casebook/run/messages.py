@@ -183,20 +183,25 @@ class Answer(Message):
     traffic: TrafficModel | None = None
 
 
+class Malformed(Stopped):
+    """An answer out of the format (`read` makes these, never a child): the child that sent it is replaced, since
+    a child that forged one answer may still send the true one, which must not answer the next task."""
+
+
 M = TypeVar("M", bound=Message)
 
 
 def read(model: type[M], answer) -> M | Stopped:
-    """`answer` as `model`, or as the `Stopped` it is (a task that did not run); a `Stopped` crash saying where it
-    is out of the format otherwise."""
+    """`answer` as `model`, or as the `Stopped` it is (a task that did not run); a `Malformed` crash saying where
+    it is out of the format otherwise."""
     status = answer.get("status") if isinstance(answer, dict) else None
     try:
         if status in ("skipped", "crashed", "timeout", "failed"):
             return Stopped.model_validate(answer, strict=True)
         return model.model_validate(answer, strict=True)
     except ValidationError as e:
-        return Stopped(status="crashed", error=f"the child's answer is not in the format ({e.error_count()} "
-                                               f"error(s); first, {first_error(e)})")
+        return Malformed(status="crashed", error=f"the child's answer is not in the format ({e.error_count()} "
+                                                 f"error(s); first, {first_error(e)})")
 
 
 def first_error(e: ValidationError) -> str:

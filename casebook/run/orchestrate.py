@@ -26,7 +26,18 @@ from casebook.run.child import Task, kept_calls
 from casebook.run.child import work as measure_work
 from casebook.run.inputs import unblended
 from casebook.run.isolate import Worker
-from casebook.run.messages import Answer, Call, PairRun, PointRun, ScenarioRun, Stopped, first_error, read
+from casebook.run.messages import (
+    Answer,
+    Call,
+    Malformed,
+    PairRun,
+    PointRun,
+    Ran,
+    ScenarioRun,
+    Stopped,
+    first_error,
+    read,
+)
 from casebook.run.oracle import work as oracle_work
 from casebook.run.plan import Group, pair_tasks, plan, traffic_task, variant_env
 from casebook.run.rank import measure_topology
@@ -115,7 +126,7 @@ def _measure(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: 
 
             def done(i, record, g=g, n=n):
                 g.outcomes.append((g.tasks[i], record))
-                progress("task", {"task": g.tasks[i], "payload": record})
+                progress("task", {"task": g.tasks[i], "record": record})
                 if checkpoint is not None:  # the variants so far
                     checkpoint(assemble(run, protocol, dict(list(groups.items())[:n + 1]), complete=False))
 
@@ -172,7 +183,7 @@ def _claims_stage(run: Run, groups: dict[str, Group], protocol: Protocol, timeou
         progress("pairs", {"total": len(pairs)})
 
         def paired(i, record):
-            progress("task", {"task": pairs[i], "payload": record})
+            progress("task", {"task": pairs[i], "record": record})
 
         env = variant_env(interpreted=False, devices=case.kernel.devices, cpu=not run.on_gpu)
         records = execute(pairs, timeout_s=timeout_s, env=env, on_done=paired, loaded=run.loaded,
@@ -275,18 +286,28 @@ def _sound(task: Task, judged: Callable[[], Record], variant: Worker) -> Record:
         return Unpaired("crashed", error) if task.kind == "pair" else Scenario(status="crashed", error=error)
 
 
+def _read(model: type[Ran], answer, variant: Worker) -> Ran | Stopped:
+    """A variant's child's answer read as its task's message (`messages.read`); a child whose answer is out of the
+    format is replaced (`messages.Malformed`)."""
+    run = read(model, answer)
+    if isinstance(run, Malformed):
+        variant.close()
+    return run
+
+
 def _pair(task: Task, variant: Worker, answers: Answers, timeout_s: float) -> ClaimPairedTiming | Unpaired:
     """A paired timing, its two variants' kept outputs judged against the ladder point's answers (the same seeds:
     asked for once a run), room lent for both."""
     fixed = answers.get(task, fixed_seeds(task))
-    run = read(PairRun, variant.request(task, timeout_s, room=2 * kept_calls(True) * call_bytes(fixed, task.dtype)))
+    run = _read(PairRun, variant.request(task, timeout_s, room=2 * kept_calls(True) * call_bytes(fixed, task.dtype)),
+                variant)
     recs = [*run.calls.variant, *run.calls.over] if isinstance(run, PairRun) else []
     return judge.pair(task, run, _reference(task, recs, fixed, answers)[0])
 
 
 def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> Scenario:
     """The scenario timed with the variant (level 3), judged, with what it cost."""
-    run = read(ScenarioRun, variant.request(task, timeout_s))
+    run = _read(ScenarioRun, variant.request(task, timeout_s), variant)
     timed = _timed_s(run.scenario_times_us, run.kernel_times_us) if isinstance(run, ScenarioRun) else 0.0
     return judge.end_to_end(task, run).model_copy(update={"harness": HarnessCost(
         wall_s=time.perf_counter() - t0, timed_s=timed)})
@@ -298,7 +319,7 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     oracle_s = answers.last_s
     room = kept_calls(task.timed) * call_bytes(fixed, task.dtype)
     taken = variant.arena.taken if variant.arena is not None else 0
-    run = read(PointRun, variant.request(task, timeout_s, room=room))
+    run = _read(PointRun, variant.request(task, timeout_s, room=room), variant)
     transport_s = variant.receive_s
     crossing = "device" if variant.arena is not None and variant.arena.taken > taken else "host"
     if crossing == "host" and room and variant.crossing_error:

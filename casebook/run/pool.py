@@ -129,12 +129,13 @@ def _worker(work: Work, case: Path, args: dict, env: dict, cpus: tuple[int, ...]
 
 
 def _plain(event: str, info: dict) -> dict:
-    """A progress event as plain data for the pipe: counts, and a task's label and status."""
+    """A progress event as plain data for the pipe: counts, and a task's label, status and error (a paired timing
+    that timed has none)."""
     if event == "task":
-        t, p = info["task"], info["payload"]
+        t, p = info["task"], info["record"]
         name = f"{t.variant} / {t.over}" if t.kind == "pair" else t.variant
         return {"label": f"{name} {'x'.join(str(v) for v in t.shape.values())} {t.dtype}",
-                "status": p.get("status"), "error": p.get("error")}
+                "status": p.status, "error": p.error if p.status != "ok" else None}
     return {k: v for k, v in info.items() if isinstance(v, (int, float, str))}
 
 

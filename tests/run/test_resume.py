@@ -578,8 +578,8 @@ def test_the_kept_points_are_the_cut_runs_own(real_runs):
 def test_the_resumed_run_asks_its_children_only_for_what_was_not_kept(real_runs):
     result, events, asked = real_runs["resumed"]
     tasks = [i for e, i in events if e == "task"]
-    kept = [i["task"] for i in tasks if i["payload"].get("harness", {}).get("kept")]
-    measured = [i["task"] for i in tasks if not i["payload"].get("harness", {}).get("kept")]
+    kept = [i["task"] for i in tasks if i["record"].harness.kept]
+    measured = [i["task"] for i in tasks if not i["record"].harness.kept]
     assert len(kept) == K and len(kept) + len(measured) == 7
     assert {(t.variant, t.level, shape_label(t.shape)) for t in measured} == {
         ("honest", "kernel", "16x32"), ("honest", "workload", "2x64"), ("honest", "end_to_end", "4x16")}
