@@ -288,12 +288,13 @@ def test_sigterm_ends_the_run_and_its_children(tmp_path):
 def test_a_point_without_its_sampled_timed_calls_is_refused():
     """The judge requires every call the harness keeps: a child whose sampler was emptied sends its two checks
     alone, and its timed calls were never seen (a graph's replays are not sampled, and none are required there)."""
+    from casebook.result import Protocol
     from casebook.run import judge
     from casebook.run.child import Task
     from casebook.run.messages import Call
 
     task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
-                device="cpu", timed=True, seed=1, protocol={})
+                device="cpu", timed=True, seed=1, protocol=Protocol(min_reps=1))  # one repetition: no blend
     def call(role: str) -> Call:
         return Call(role=role, seed=1, tuple=False, outputs=[])
 
@@ -301,6 +302,6 @@ def test_a_point_without_its_sampled_timed_calls_is_refused():
     assert "0 timed, 0 after" in judge.missing_calls(task, checks)
     assert judge.missing_calls(task, checks + [call("timed")] * 2 + [call("after")]) is None
     assert "3 timed" in judge.missing_calls(task, checks + [call("timed")] * 3 + [call("after")])
-    graph = Task(**{**task.__dict__, "device": "cuda", "protocol": {"graph": True}})
+    graph = Task(**{**task.__dict__, "device": "cuda", "protocol": Protocol(graph=True)})
     assert judge.missing_calls(graph, checks + [call("after")]) is None
     assert judge.missing_calls(Task(**{**task.__dict__, "timed": False}), checks) is None

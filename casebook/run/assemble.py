@@ -24,6 +24,7 @@ from casebook.provenance import (
 )
 from casebook.result import (
     RESULT_SCHEMA_VERSION,
+    Ceilings,
     ClaimPairedTiming,
     IntensityCheck,
     Point,
@@ -95,7 +96,7 @@ class Run:
     started: str
     sources: dict
     """`sources_of`'s hashes."""
-    ceilings: dict
+    ceilings: Ceilings
     env: dict
     """`hardware.environment`'s, with the clocks, load and threads at the start."""
     resumed: list[ResumedPart] = field(default_factory=list)

@@ -21,6 +21,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from casebook.result import Protocol
 from casebook.run import autotune, bench
 from casebook.run import inputs as inputs_mod
 from casebook.run.check import TORCH_DTYPES
@@ -56,7 +57,8 @@ class Task:
     device: str  # "cuda" | "cpu"
     timed: bool  # False: checked through the interpreter, not timed
     seed: int
-    protocol: dict
+    protocol: Protocol = field(default_factory=Protocol)
+    """How it is timed: the case's cache and graph in the run's protocol (`plan.plan`)."""
     roofs: dict = field(default_factory=dict)
     tolerance: float | None = None
     reference: str = "reference"
@@ -370,7 +372,7 @@ def _point(task: Task, mod) -> dict:
     def inputs(seed: int) -> dict:
         return make_inputs(task.shape, dtype, task.device, torch.Generator().manual_seed(seed))
 
-    protocol = bench.Protocol(**task.protocol) if task.timed else None
+    protocol = task.protocol if task.timed else None
     sets = [inputs(task.seed)]
     nbytes = sum(t.numel() * t.element_size() for t in sets[0].values() if isinstance(t, torch.Tensor))
     seeds = input_seeds(task, protocol, nbytes)
@@ -481,7 +483,7 @@ def _pair(task: Task, mod) -> dict:
     claim, as it would fail its point."""
     import torch
 
-    protocol = bench.Protocol(**task.protocol)
+    protocol = task.protocol
     make = getattr(mod, task.inputs)
     seeds = [task.seed, task.seed + 1]
 
@@ -574,7 +576,7 @@ def _end_to_end(task: Task, mod) -> dict:
     first = [_fingerprint(scenario(capture, **sets[0])), _fingerprint(scenario(fn, **sets[1]))]
     if not captured:
         return {"status": "failed", "error": "the scenario never called the kernel"}
-    protocol = bench.Protocol(**task.protocol)
+    protocol = task.protocol
     rotation = _Rotation(len(sets))
     reservoir = _Reservoir(SAMPLES, rotation, [0, 1], lambda out, k: [k, _fingerprint(out)])
     whole = bench.drive(lambda: scenario(fn, **sets[rotation.next()]),

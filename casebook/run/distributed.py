@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from casebook.result import Protocol
 from casebook.run.transport import decode
 
 
@@ -52,12 +53,12 @@ LOCKSTEP = (f"each rank times the same repetitions (two warm-up calls, then {FIX
 """How a multi-device case's points are timed, as the result's protocol says it."""
 
 
-def lockstep(protocol: dict, device: str) -> dict:
+def lockstep(protocol: Protocol, device: str) -> Protocol:
     """A timing protocol every rank follows to the same number of calls: two warm-up calls, then exactly
     `FIXED_REPS` repetitions (no confidence-interval or time-cap stop), the ranks meeting before each."""
-    reps = min(FIXED_REPS[device], protocol.get("max_reps", FIXED_REPS[device]))
-    return {**protocol, "warmup_ms": 0.0, "min_reps": reps, "max_reps": reps, "target_ci": 0.0,
-            "time_cap_s": math.inf, "rank_barrier": True}
+    reps = min(FIXED_REPS[device], protocol.max_reps)
+    return protocol.model_copy(update={"warmup_ms": 0.0, "min_reps": reps, "max_reps": reps, "target_ci": 0.0,
+                                       "time_cap_s": math.inf, "rank_barrier": True})
 
 
 _pool: dict = {}

@@ -30,9 +30,9 @@ def blends(task) -> bool:
     """Whether `task`'s timing blends an input set (`child._Sampler`): a timed single-device call observed
     repetition by repetition (not under CUDA-graph replay, whose calls are not seen one by one; not on ranks in
     lockstep), over at least two repetitions."""
-    protocol = task.protocol or {}
-    return (bool(task.timed) and task.devices == 1 and not protocol.get("rank_barrier")
-            and not (protocol.get("graph") and task.device == "cuda") and protocol.get("min_reps", 0) >= 2)
+    protocol = task.protocol
+    return (bool(task.timed) and task.devices == 1 and not protocol.rank_barrier
+            and not (protocol.graph and task.device == "cuda") and protocol.min_reps >= 2)
 
 
 def blended_name(seed: int, blend_seed: int) -> int:

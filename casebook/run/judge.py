@@ -183,7 +183,7 @@ def missing_calls(task, calls: list[Call], checks: int = 2) -> str | None:
     (`inputs.blends`) and the call after timing.
     A child whose sampler was emptied sends its checks alone: its timed calls were never seen."""
     roles = [rec.role for rec in calls]
-    graph = bool(task.protocol.get("graph")) and task.device == "cuda"
+    graph = task.protocol.graph and task.device == "cuda"
     timed = 0 if not task.timed or graph else TIMED_SAMPLES + (1 if blends(task) else 0)
     want = {"check": checks, "timed": timed, "after": 1 if task.timed else 0}
     have = {role: roles.count(role) for role in want}
@@ -306,7 +306,7 @@ def end_to_end(task, run: ScenarioRun | Stopped) -> Scenario:
     if why := _unusable(run, None, needs_reference=False):
         return Scenario(status=why["status"], error=why["error"])
     prints, timed, alone = run.fingerprints, run.timed_fingerprints, run.kernel_fingerprints
-    graph = bool(task.protocol.get("graph")) and task.device == "cuda"
+    graph = task.protocol.graph and task.device == "cuda"
     if len(prints) != 2 or len(timed) != TIMED_SAMPLES or len(alone) != 1 + (0 if graph else TIMED_SAMPLES):
         return Scenario(status="failed", error="the child sent other outputs than the scenario's first two, "
                                                f"{TIMED_SAMPLES} sampled timed ones and the kernel's: outputs of "

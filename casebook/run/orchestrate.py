@@ -15,7 +15,7 @@ from casebook.case import Case
 from casebook.claims import Unpaired
 from casebook.levels import Scenario
 from casebook.load import load_case
-from casebook.result import ClaimPairedTiming, HarnessCost, Point, Result, ResumedPart
+from casebook.result import Ceilings, ClaimPairedTiming, HarnessCost, Point, Result, ResumedPart
 from casebook.run import counters as counters_mod
 from casebook.run import hardware, interference, judge, transport
 from casebook.run.answers import Answers, default_budget, fixed_seeds
@@ -74,18 +74,16 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         progress("note", {"message": f"resuming {resume.started_at}: {len(reuse)} points kept" if not why else
                           f"not resuming {resume.started_at}: {why}; measuring afresh"})
         if not why:
-            ceilings = resume.hardware.measured.model_dump(mode="json", by_alias=True, exclude_unset=True)
             parts = [*(resume.resumed or []),
                      ResumedPart(finished_at=resume.finished_at, resumed_at=now(), points=len(reuse))]
     progress("ceilings", {"hardware": ident["name"]})
-    since = time.time()
+    measured, said = _ceilings(resume if parts else None, ceilings)
     run = Run(path=Path(path), case=case, ident=ident, command=command_line(Path(path), only, quick, counters, argv),
               argv=argv, started=resume.started_at if parts else now("microseconds"), resumed=parts,
-              sources=sources, ceilings=ceilings or hardware.ceilings(), reuse=reuse,
+              sources=sources, ceilings=measured, reuse=reuse,
               env={**hardware.environment(), "clocks_start": hardware.clocks(),
                    "load_average_start": interference.load_average(), "cpu_threads": interference.cpu_threads()})
-    progress("note", {"message": "ceilings: " + ("those of the run resumed" if parts else "given by the caller"
-                                                  if ceilings else hardware.provenance_of(run.ceilings, since))})
+    progress("note", {"message": f"ceilings: {said}"})
     link_gbps = None
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
         progress("topology", {"devices": case.kernel.devices})
@@ -112,6 +110,19 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         rows = counters_mod.read(case, result, progress=lambda msg: progress("note", {"message": msg}))
         result = result.model_copy(update={"counters": rows})
     return result
+
+
+def _ceilings(resumed: Result | None, given: dict | None) -> tuple[Ceilings, str]:
+    """The ceilings a run is placed under, and whence, in words: those of the run it resumes, those its caller
+    gave (a pool's workers share one measurement), or this machine's (`hardware.ceilings`: cached, or measured
+    now)."""
+    if resumed is not None:
+        return resumed.hardware.measured, "those of the run resumed"
+    if given:
+        return Ceilings.model_validate(given), "given by the caller"
+    since = time.time()
+    mine = hardware.ceilings()
+    return Ceilings.model_validate(mine), hardware.provenance_of(mine, since)
 
 
 def _measure(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float, progress: Progress,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from casebook import claims as claims_mod
 from casebook import paths
 from casebook.case import Case, Variant
-from casebook.result import shape_label
+from casebook.result import Ceilings, shape_label
 from casebook.roofline import compute_roof
 from casebook.run.bench import Protocol
 from casebook.run.child import Task
@@ -29,10 +29,10 @@ def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
     return None
 
 
-def _roofs(ceilings: dict, dtype: str, link_gbps: float | None = None) -> dict:
-    roofs = {"compute_tflops": compute_roof(ceilings["matmul_tflops"], dtype),
-             "bandwidth_gbps": ceilings["copy_gbps"], "launch_us": ceilings["launch_us"],
-             "graph_launch_us": ceilings["graph_launch_us"], "busy": bool(ceilings.get("unstable"))}
+def _roofs(ceilings: Ceilings, dtype: str, link_gbps: float | None = None) -> dict:
+    roofs = {"compute_tflops": compute_roof(ceilings.matmul_tflops, dtype),
+             "bandwidth_gbps": ceilings.copy_gbps, "launch_us": ceilings.launch_us,
+             "graph_launch_us": ceilings.graph_launch_us, "busy": bool(ceilings.unstable)}
     if link_gbps:
         roofs["link_gbps"] = link_gbps
     return roofs
@@ -56,7 +56,7 @@ class Group:
     """Of that, its timed repetitions measured in this run, seconds."""
 
 
-def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: list[str] | None = None,
+def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: Ceilings, only: list[str] | None = None,
          link_gbps: float | None = None) -> dict[str, Group]:
     """Tasks per variant (one child process each), levels 1 and 2 then level 3. `link_gbps`: a multi-device
     case's measured interconnect ceiling, the roof of its traffic model's link bytes."""
@@ -64,7 +64,7 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: dict, only: lis
     kernel_shapes = lv.kernel.shapes if on_gpu else lv.kernel.cpu_shapes
     workload = lv.workload.shapes if on_gpu else lv.workload.cpu_shapes
     e2e_shape = lv.end_to_end.shape if on_gpu else lv.end_to_end.cpu_shape
-    proto = {**protocol.model_dump(), "cache": lv.kernel.cache, "graph": lv.kernel.graph}
+    proto = protocol.model_copy(update={"cache": lv.kernel.cache, "graph": lv.kernel.graph})
     groups: dict[str, Group] = {}
     for v in k.variants:
         if only and v.name not in only and v.name != k.baseline:
@@ -162,5 +162,5 @@ def pair_tasks(case: Case, slug: str, groups: dict[str, Group], protocol: Protoc
                     continue
                 seen.add(key)
                 tasks.append(replace(mine, kind="pair", over=claim.over, over_fn=over.fn,
-                                     protocol={**mine.protocol, "time_cap_s": cap}))
+                                     protocol=mine.protocol.model_copy(update={"time_cap_s": cap})))
     return tasks

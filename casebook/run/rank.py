@@ -95,8 +95,7 @@ def main(rank: int, world: int, port: int, device: str) -> None:
             if task.kind == "topology":
                 payload = {"status": "ran", "topology": topology(device)}
             else:
-                payload = work(replace(task, devices=1, protocol=lockstep(task.protocol, task.device)
-                                       if task.protocol else {}))
+                payload = work(replace(task, devices=1, protocol=lockstep(task.protocol, task.device)))
             payload = {**payload, "rank": rank}
         except Exception as e:  # recorded like a raising task in `isolate`
             payload = {"status": "crashed", "error": f"{type(e).__name__}: {e}"}

@@ -20,7 +20,7 @@ from casebook.tolerance import TOLERANCE
 CHEATS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
 SHAPE = {"rows": 64, "cols": 1000}
 SEED = 100
-FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05).model_dump()
+FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05)
 ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 """1 TB/s: the honest kernel (512 KB at this shape, tens of us on a CPU) sits far under the roof."""
 
@@ -195,7 +195,7 @@ def _task(**protocol):
     from casebook.run.child import Task
 
     return Task(kind="point", module="m", variant="v", fn="f", shape={"n": 1024}, dtype="fp32", level="kernel",
-                device="cuda", timed=True, seed=7, protocol=protocol)
+                device="cuda", timed=True, seed=7, protocol=Protocol(**protocol))
 
 
 def test_a_cold_graph_point_is_timed_on_inputs_taken_in_turn(monkeypatch):

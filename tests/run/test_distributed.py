@@ -18,7 +18,7 @@ from casebook.run.distributed import lockstep, merge
 from casebook.run.isolate import run_isolated
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
-FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm").model_dump()
+FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm")
 ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 
 
@@ -31,8 +31,8 @@ def task(fn: str, kind: str = "point", **kw) -> Task:
 
 def test_lockstep_fixes_the_number_of_calls():
     p = lockstep(FAST, "cpu")
-    assert p["min_reps"] == p["max_reps"] == 20 and p["warmup_ms"] == 0 and p["target_ci"] == 0
-    assert math.isinf(p["time_cap_s"]) and p["rank_barrier"]
+    assert p.min_reps == p.max_reps == 20 and p.warmup_ms == 0 and p.target_ci == 0
+    assert math.isinf(p.time_cap_s) and p.rank_barrier and p.cache == FAST.cache
 
 
 def test_merge_reports_the_slowest_rank_and_every_rank():

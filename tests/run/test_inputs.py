@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from casebook.result import Protocol
 from casebook.run import inputs
 from casebook.run.child import Task
 
@@ -52,14 +53,14 @@ def test_a_name_gives_back_its_seed_and_blend(seed, blend_seed):
 
 def test_only_a_timing_that_sees_each_repetition_blends():
     task = Task(kind="point", module="m", variant="v", fn="v", shape=SHAPE, dtype="fp32", level="kernel",
-                device="cuda", timed=True, seed=1, protocol={"min_reps": 10, "graph": False})
+                device="cuda", timed=True, seed=1, protocol=Protocol(min_reps=10, graph=False))
     assert inputs.blends(task)
     assert not inputs.blends(replace(task, timed=False))
-    assert not inputs.blends(replace(task, protocol={"min_reps": 10, "graph": True})), "graph replay"
-    assert inputs.blends(replace(task, device="cpu", protocol={"min_reps": 10, "graph": True})), "no graph on a CPU"
+    assert not inputs.blends(replace(task, protocol=Protocol(min_reps=10, graph=True))), "graph replay"
+    assert inputs.blends(replace(task, device="cpu", protocol=Protocol(min_reps=10, graph=True))), "no graph on a CPU"
     assert not inputs.blends(replace(task, devices=2)) and not inputs.blends(
-        replace(task, protocol={"min_reps": 10, "rank_barrier": True})), "ranks in lockstep"
-    assert not inputs.blends(replace(task, protocol={"min_reps": 1})), "one repetition has no second to blend for"
+        replace(task, protocol=Protocol(min_reps=10, rank_barrier=True))), "ranks in lockstep"
+    assert not inputs.blends(replace(task, protocol=Protocol(min_reps=1))), "one repetition has no second to blend for"
 
 
 def test_a_blend_recomputes_the_inputs_the_case_derives_from_the_others():

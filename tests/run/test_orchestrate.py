@@ -22,7 +22,7 @@ from casebook.case import Variant
 from casebook.levels import Scenario
 from casebook.load import load_case
 from casebook.provenance import kernel_sha256, measurement_sha256
-from casebook.result import IntensityCheck, Point, Result
+from casebook.result import Ceilings, IntensityCheck, Point, Result
 from casebook.run import assemble, orchestrate, plan
 from casebook.run.bench import QUICK
 
@@ -55,7 +55,7 @@ def test_placement(backends, on_gpu, where):
 
 def test_plan_on_a_cpu():
     case = load_case(SOFTMAX)
-    groups = plan.plan(case, on_gpu=False, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=False, protocol=QUICK, ceilings=Ceilings(**CEILINGS))
     assert list(groups) == [v.name for v in case.kernel.variants]
     kernel = len(case.levels.kernel.cpu_shapes) * len(case.levels.kernel.dtypes)
     workload = len(case.levels.workload.cpu_shapes)
@@ -71,14 +71,14 @@ def test_plan_on_a_cpu():
     seeds = [t.seed for g in groups.values() for t in g.tasks if t.level == "kernel"]
     assert len(set(seeds)) == kernel, "a point has the same seed in every variant, and its own"
     t = base.tasks[0]
-    assert t.protocol["cache"] == case.levels.kernel.cache and t.protocol["time_cap_s"] == QUICK.time_cap_s
+    assert t.protocol.cache == case.levels.kernel.cache and t.protocol.time_cap_s == QUICK.time_cap_s
     assert t.roofs == {"compute_tflops": 1e3, "bandwidth_gbps": 1e3, "launch_us": 1e-3, "graph_launch_us": 1e-3,
                        "busy": False}
 
 
 def test_plan_on_a_gpu_uses_the_gpu_shapes():
     case = load_case(SOFTMAX)
-    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=Ceilings(**CEILINGS))
     assert all(g.device == "cuda" and g.timed for g in groups.values())
     kernel = [t for t in groups["triton_online"].tasks if t.level == "kernel"]
     assert len(kernel) == len(case.levels.kernel.shapes) * len(case.levels.kernel.dtypes)
@@ -86,20 +86,20 @@ def test_plan_on_a_gpu_uses_the_gpu_shapes():
 
 
 def test_plan_only_keeps_the_baseline():
-    groups = plan.plan(load_case(SOFTMAX), on_gpu=False, protocol=QUICK, ceilings=CEILINGS, only=["eager"])
+    groups = plan.plan(load_case(SOFTMAX), on_gpu=False, protocol=QUICK, ceilings=Ceilings(**CEILINGS), only=["eager"])
     assert list(groups) == ["eager", "torch_softmax"]
 
 
 def test_plan_checks_a_control_against_its_own_reference():
     case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
-    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=Ceilings(**CEILINGS))
     assert {t.reference for t in groups["gluon_pingpong_plain"].tasks} == {"reference_bias"}
     assert {t.reference for t in groups["gluon_pingpong"].tasks} == {"reference"}
 
 
 def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
     case = load_case(REPO / "cases" / "gemm_epilogue.yaml")
-    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=CEILINGS)
+    groups = plan.plan(case, on_gpu=True, protocol=QUICK, ceilings=Ceilings(**CEILINGS))
     def ran(g, status: str) -> list:
         return [(t, Point(variant=t.variant, shape=t.shape, dtype=t.dtype, status=status)) for t in g.tasks]
 
@@ -112,7 +112,7 @@ def test_pair_tasks_for_each_point_of_each_speedup_claim_that_names_shapes():
         ("gluon_pingpong", "gluon_pingpong_plain", 1024), ("gluon_pingpong_tanh", "gluon_pingpong_plain", 1024)}
     assert all(t.kind == "pair" and t.level == "kernel" and t.dtype == "bf16" for t in pairs)
     plain = next(t for t in pairs if t.over == "gluon_pingpong_plain")
-    assert plain.over_fn == "gluon_pingpong_plain" and plain.protocol["time_cap_s"] <= plan.PAIR_TIME_CAP_S
+    assert plain.over_fn == "gluon_pingpong_plain" and plain.protocol.time_cap_s <= plan.PAIR_TIME_CAP_S
     assert plan.pair_tasks(case, "cpu-some-thing", groups, QUICK) == [], "the claims name the H200"
     groups["addmm_gelu"].outcomes = ran(groups["addmm_gelu"], "crashed")
     assert len(plan.pair_tasks(case, "nvidia-h200", groups, QUICK)) == 4, "no pair without both ladder points"
@@ -568,7 +568,7 @@ def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(
             closed.append(True)
 
     task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
-                device="cpu", timed=True, seed=1, protocol={})
+                device="cpu", timed=True, seed=1)
     at = {"variant": "v", "shape": task.shape, "dtype": "fp32"}
     out = orchestrate._sound(task, lambda: Point(**at, **payload), Child())
     assert out.status == "crashed" and "ValidationError" in out.error and why in out.error and closed == [True]

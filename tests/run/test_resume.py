@@ -28,7 +28,7 @@ from casebook import paths, results
 from casebook.commands import run as command
 from casebook.levels import Scenario
 from casebook.load import load_case
-from casebook.result import Point, Result, shape_label
+from casebook.result import Ceilings, Point, Result, shape_label
 from casebook.run import assemble, hardware, isolate, orchestrate, plan, resume
 from casebook.run.bench import CPU, QUICK
 from casebook.run.child import Task
@@ -319,7 +319,7 @@ def test_a_kept_run_of_the_same_point_keys_as_the_plan(book, kept_run):
     """The keys `resumable` gives are those `execute` looks the planned tasks up by."""
     path = book / "cases" / "gated.yaml"
     reuse, _ = resume.resumable(kept_run, *here(path))
-    groups = plan.plan(load_case(path), False, QUICK, CEILINGS)
+    groups = plan.plan(load_case(path), False, QUICK, Ceilings(**CEILINGS))
     planned = {resume.point_key(t.level, t.variant, t.shape, t.dtype) for g in groups.values() for t in g.tasks
                if t.kind == "point"}
     assert planned - set(reuse) == {("kernel", "gated", "16x32", "fp32"), ("kernel", "honest", "16x32", "fp32")}
@@ -418,7 +418,7 @@ def test_run_case_measures_afresh_where_the_kept_run_differs(book, monkeypatch):
 
 
 def _tasks(path: Path, variant: str) -> list[Task]:
-    return plan.plan(load_case(path), False, QUICK, CEILINGS)[variant].tasks
+    return plan.plan(load_case(path), False, QUICK, Ceilings(**CEILINGS))[variant].tasks
 
 
 def test_execute_asks_no_child_for_a_kept_point(book, monkeypatch):
