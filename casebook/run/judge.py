@@ -1,10 +1,12 @@
 """Verdicts from raw data, in the parent, which never imports contributed code.
 
 A variant's child (`casebook.run.child`) sends outputs, raw times and facts; the reference's child
-(`casebook.run.oracle`) sends the answers and the traffic model. Here the outputs are compared with the
-answers (`check.compare_output`: normwise and row by row), the times summarised (`stats.summarize`), the
-point placed on the roofline (`roofline.place`, the physics gate) and the point's status decided. Nothing
-the variant's process rebinds reaches this code.
+(`casebook.run.oracle`) sends the answers and the traffic model; each answer is read once as its declared
+message (`casebook.run.messages`). Here the outputs are compared with the answers (`check.compare_output`:
+normwise and row by row), the times summarised (`stats.summarize`), the point placed on the roofline
+(`roofline.place`, the physics gate) and the point's status decided: what leaves is a record of the result's
+own types (a `Point`, a paired timing, a scenario's summary). Nothing the variant's process rebinds reaches
+this code.
 """
 
 from __future__ import annotations
