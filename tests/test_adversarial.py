@@ -293,7 +293,7 @@ def test_a_point_without_its_sampled_timed_calls_is_refused():
     from casebook.run.child import Task
     from casebook.run.messages import Call
 
-    task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
+    task = Task(module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
                 device="cpu", timed=True, seed=1, protocol=Protocol(min_reps=1))  # one repetition: no blend
     def call(role: str) -> Call:
         return Call(role=role, seed=1, tuple=False, outputs=[])

@@ -20,6 +20,7 @@ import importlib
 import random
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from casebook.result import Protocol
 from casebook.run import autotune, bench
@@ -43,11 +44,13 @@ def kept_calls(timed: bool) -> int:
     return 2 + (SAMPLES + 2 if timed else 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Task:
-    """One unit of measurement: a variant at a shape and dtype (levels 1, 2) or in the scenario (level 3)."""
+    """One unit of measurement: a variant at a shape and dtype (levels 1 and 2), checked and, where `timed`, timed.
+    Its kind is its type (`kind` names it): a point here, a paired timing (`PairTask`), the scenario
+    (`ScenarioTask`)."""
 
-    kind: str  # "point" | "end_to_end" | "pair"
+    kind: ClassVar[str] = "point"
     module: str
     variant: str
     fn: str
@@ -64,13 +67,36 @@ class Task:
     reference: str = "reference"
     inputs: str = "inputs"
     traffic: str = "traffic"
-    scenario: str = ""
-    scenario_inputs: str = ""
-    over: str = ""
-    over_fn: str = ""
-    """kind "pair": the variant a speedup claim is measured against, and its function."""
     devices: int = 1
     """Ranks the task runs on (the case's `kernel.devices`); over 1, `casebook.run.distributed` runs it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairTask(Task):
+    """A speedup claim's variant and the one it is measured against, timed in alternation at one of its ladder
+    points (`_pair`)."""
+
+    kind: ClassVar[str] = "pair"
+    over: str
+    over_fn: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScenarioTask(Task):
+    """The case's level-3 scenario with this variant in it (`_end_to_end`)."""
+
+    kind: ClassVar[str] = "end_to_end"
+    scenario: str
+    scenario_inputs: str
+
+
+@dataclass(frozen=True)
+class TopologyTask:
+    """The devices and their link, measured on ranks of their own (`rank.topology`)."""
+
+    kind: ClassVar[str] = "topology"
+    device: str
+    devices: int
 
 
 # --- what the variant may not rebind -------------------------------------------------------------------
@@ -147,9 +173,9 @@ def work(task: Task) -> dict:
     torch.backends.cudnn.allow_tf32 = task.dtype == "tf32"
     try:
         mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
-        if task.kind == "end_to_end":
+        if isinstance(task, ScenarioTask):
             payload = _end_to_end(task, mod)
-        elif task.kind == "pair":
+        elif isinstance(task, PairTask):
             payload = _pair(task, mod)
         else:
             payload = _point(task, mod)
@@ -468,7 +494,7 @@ PAIR_ROUNDS = 6
 the order A B, B A, B A, A B, A B, B A, so that a drift in clocks over the rounds weighs on both alike."""
 
 
-def _pair(task: Task, mod) -> dict:
+def _pair(task: PairTask, mod) -> dict:
     """A speedup claim's two variants timed in alternation on the same inputs, in one process; the raw
     times of each round (`judge.pair` takes their medians and ratios), and each variant's outputs as a point
     keeps them: a sample of its timed calls, and one call after timing on new values in the same tensors.
@@ -545,7 +571,7 @@ def _copy(x):
     return torch.Tensor.clone(torch.Tensor.detach(x)) if type(x) is torch.Tensor else x
 
 
-def _end_to_end(task: Task, mod) -> dict:
+def _end_to_end(task: ScenarioTask, mod) -> dict:
     """The scenario with this variant, timed on two input sets in turn, a sample of its timed outputs kept, and
     once more after timing on new values in the first set's own tensors (a scenario answer kept by the inputs'
     memory is stale there; the parent compares it with the baseline's on the same values). Then the variant

@@ -4,7 +4,7 @@ roofs; the paired timings its speedup claims ask for."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
 from casebook import claims as claims_mod
 from casebook import paths
@@ -12,7 +12,7 @@ from casebook.case import Case, Variant
 from casebook.result import Ceilings, shape_label
 from casebook.roofline import compute_roof
 from casebook.run.bench import Protocol
-from casebook.run.child import Task
+from casebook.run.child import PairTask, ScenarioTask, Task
 from casebook.run.oracle import OracleTask
 
 SEED = 20261129
@@ -77,13 +77,13 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: Ceilings, only:
         common = dict(module=k.module, variant=v.name, fn=v.fn, device=device, timed=timed, protocol=proto,
                       tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic,
                       devices=k.devices)
-        tasks = [Task(kind="point", shape=s, dtype=d, level="kernel", seed=SEED + i,
+        tasks = [Task(shape=s, dtype=d, level="kernel", seed=SEED + i,
                       roofs=_roofs(ceilings, d, link_gbps), **common)
                  for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]
-        tasks += [Task(kind="point", shape=w.shape, dtype=lv.workload.dtype, level="workload", seed=SEED + 1000 + i,
+        tasks += [Task(shape=w.shape, dtype=lv.workload.dtype, level="workload", seed=SEED + 1000 + i,
                        roofs=_roofs(ceilings, lv.workload.dtype, link_gbps), **common) for i, w in enumerate(workload)]
         if timed and v.name in (lv.end_to_end.baseline, lv.end_to_end.variant):
-            tasks.append(Task(kind="end_to_end", shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
+            tasks.append(ScenarioTask(shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
                               seed=SEED + 2000, scenario=lv.end_to_end.scenario,
                               scenario_inputs=lv.end_to_end.inputs, **common))
         groups[v.name] = Group(v, device, timed, tasks)
@@ -142,7 +142,7 @@ PAIR_TIME_CAP_S = 0.5
 """A paired timing's each measurement stops here at the latest; a shape takes 12 of them."""
 
 
-def pair_tasks(case: Case, slug: str, groups: dict[str, Group], protocol: Protocol) -> list[Task]:
+def pair_tasks(case: Case, slug: str, groups: dict[str, Group], protocol: Protocol) -> list[PairTask]:
     """A paired timing (`child._pair`) for each point of each kernel-level speedup claim that names its
     shapes and applies here, where both variants were timed and measured ok in the ladder."""
     ok = {(t.variant, shape_label(t.shape), t.dtype): t for g in groups.values()
@@ -161,6 +161,7 @@ def pair_tasks(case: Case, slug: str, groups: dict[str, Group], protocol: Protoc
                 if mine is None or over is None or mine.device != over.device or key in seen:
                     continue
                 seen.add(key)
-                tasks.append(replace(mine, kind="pair", over=claim.over, over_fn=over.fn,
-                                     protocol=mine.protocol.model_copy(update={"time_cap_s": cap})))
+                point = {f.name: getattr(mine, f.name) for f in fields(Task)}
+                tasks.append(PairTask(**{**point, "protocol": mine.protocol.model_copy(update={"time_cap_s": cap})},
+                                      over=claim.over, over_fn=over.fn))
     return tasks

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from casebook.result import MeasuredLink
-from casebook.run.child import Task, work
+from casebook.run.child import TopologyTask, work
 from casebook.run.distributed import LINK_MESSAGE_BYTES, lockstep, rank_timeout_s, run_ranks, shutdown
 from casebook.run.interference import count_as_own
 from casebook.run.messages import TopologyRun, read
@@ -23,9 +23,7 @@ from casebook.run.transport import encode
 
 def measure_topology(n: int, device: str, timeout_s: float | None = None) -> MeasuredLink:
     """The devices, their link and its measured bus bandwidth, on ranks started for it alone."""
-    task = Task(kind="topology", module="", variant="", fn="", shape={}, dtype="fp32", level="kernel",
-                device=device, timed=False, seed=0, protocol={}, devices=n)
-    run = read(TopologyRun, run_ranks(task, timeout_s))
+    run = read(TopologyRun, run_ranks(TopologyTask(device, n), timeout_s))
     shutdown()
     return run.topology if isinstance(run, TopologyRun) else MeasuredLink(devices=n, error=run.error)
 

@@ -50,7 +50,7 @@ class CountingOracle:
 
 
 def task(variant: str = "honest", **kw) -> Task:
-    fields = dict(kind="point", module="cheats", variant=variant, fn=variant, shape=SHAPE, dtype="fp32",
+    fields = dict(module="cheats", variant=variant, fn=variant, shape=SHAPE, dtype="fp32",
                   level="kernel", device="cpu", timed=True, seed=SEED, protocol=QUICK,
                   reference="reference", inputs="make_inputs", traffic="traffic")
     return Task(**{**fields, **kw})

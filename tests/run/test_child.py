@@ -6,6 +6,7 @@ torch: seconds); crashes and hangs are in test_isolate.py (bare) and test_run.py
 
 from __future__ import annotations
 
+from dataclasses import fields as dataclass_fields
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from casebook.result import Launches
 from casebook.run.bench import Protocol
-from casebook.run.child import Task
+from casebook.run.child import PairTask, ScenarioTask, Task
 from casebook.run.orchestrate import execute
 from casebook.tolerance import TOLERANCE
 
@@ -26,9 +27,14 @@ ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, 
 
 
 def task(fn: str, dtype: str = "fp32", **kw) -> Task:
-    fields = dict(kind="point", module="cheats", variant=fn, fn=fn, shape=SHAPE, dtype=dtype, level="kernel",
+    fields = dict(module="cheats", variant=fn, fn=fn, shape=SHAPE, dtype=dtype, level="kernel",
                   device="cpu", timed=True, seed=SEED, protocol=FAST, roofs=ROOFS, inputs="make_inputs")
     return Task(**{**fields, **kw})
+
+
+def pair_of(point: Task, over: str) -> PairTask:
+    """The paired timing of `point`'s variant against `over`, at its point."""
+    return PairTask(**{f.name: getattr(point, f.name) for f in dataclass_fields(Task)}, over=over, over_fn=over)
 
 
 # (task, status, words in the error)
@@ -62,8 +68,8 @@ EXPECTED = [
 @pytest.fixture(scope="module")
 def payloads() -> list:
     tasks = [t for t, _, _ in EXPECTED]
-    tasks.append(replace(task("honest"), kind="pair", over="slower", over_fn="slower"))
-    tasks.append(Task(kind="end_to_end", module="cheats", variant="honest", fn="honest", shape={"rows": 8, "cols": 50},
+    tasks.append(pair_of(task("honest"), "slower"))
+    tasks.append(ScenarioTask(module="cheats", variant="honest", fn="honest", shape={"rows": 8, "cols": 50},
                       dtype="fp32", level="end_to_end", device="cpu", timed=True, seed=SEED, protocol=FAST,
                       scenario="scenario", scenario_inputs="scenario_inputs"))
     return execute(tasks, timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
@@ -138,7 +144,7 @@ def test_pair_times_both_variants_in_alternation(payloads):
 def test_a_variant_that_cheats_only_in_the_paired_timing_fails_it():
     """Its ladder point is honest; the paired timing keeps a sample of each variant's timed outputs and one call
     after timing, judged against the ladder's answers, so the claim it would inflate fails."""
-    pair = replace(task("cheats_in_pair"), kind="pair", over="slower", over_fn="slower")
+    pair = pair_of(task("cheats_in_pair"), "slower")
     point, paired = execute([task("cheats_in_pair"), pair], timeout_s=120,
                             env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
     assert point.status == "ok", point
@@ -150,7 +156,7 @@ def test_a_variant_that_does_no_work_when_timed_alone_fails_level_three():
     """Honest in the scenario, a zeros tensor when timed alone on the scenario's arguments (the kernel time that
     sets level 3's kernel speedup and Amdahl's bound): its sampled outputs there are compared with its output in
     the scenario on the same arguments."""
-    scenario = Task(kind="end_to_end", module="cheats", variant="cheats_in_scenario", fn="cheats_in_scenario",
+    scenario = ScenarioTask(module="cheats", variant="cheats_in_scenario", fn="cheats_in_scenario",
                     shape={"rows": 8, "cols": 50}, dtype="fp32", level="end_to_end", device="cpu", timed=True,
                     seed=SEED, protocol=FAST, scenario="scenario", scenario_inputs="scenario_inputs")
     [p] = execute([scenario], timeout_s=120, env={"CASEBOOK_KERNELS_PATH": str(CHEATS_DIR)})
@@ -194,7 +200,7 @@ def test_launch_floor_is_every_kernel_at_its_in_graph_cost():
 def _task(**protocol):
     from casebook.run.child import Task
 
-    return Task(kind="point", module="m", variant="v", fn="f", shape={"n": 1024}, dtype="fp32", level="kernel",
+    return Task(module="m", variant="v", fn="f", shape={"n": 1024}, dtype="fp32", level="kernel",
                 device="cuda", timed=True, seed=7, protocol=Protocol(**protocol))
 
 

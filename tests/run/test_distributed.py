@@ -22,8 +22,8 @@ FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="
 ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
 
 
-def task(fn: str, kind: str = "point", **kw) -> Task:
-    fields = dict(kind=kind, module="ranked", variant=fn, fn=fn, shape={"n": 1000}, dtype="fp32", level="kernel",
+def task(fn: str, **kw) -> Task:
+    fields = dict(module="ranked", variant=fn, fn=fn, shape={"n": 1000}, dtype="fp32", level="kernel",
                   device="cpu", timed=True, seed=7, protocol=FAST, roofs=ROOFS, devices=2,
                   inputs="make_inputs")
     return Task(**{**fields, **kw})

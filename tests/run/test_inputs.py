@@ -52,7 +52,7 @@ def test_a_name_gives_back_its_seed_and_blend(seed, blend_seed):
 
 
 def test_only_a_timing_that_sees_each_repetition_blends():
-    task = Task(kind="point", module="m", variant="v", fn="v", shape=SHAPE, dtype="fp32", level="kernel",
+    task = Task(module="m", variant="v", fn="v", shape=SHAPE, dtype="fp32", level="kernel",
                 device="cuda", timed=True, seed=1, protocol=Protocol(min_reps=10, graph=False))
     assert inputs.blends(task)
     assert not inputs.blends(replace(task, timed=False))

@@ -567,7 +567,7 @@ def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(
         def close(self):
             closed.append(True)
 
-    task = Task(kind="point", module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
+    task = Task(module="m", variant="v", fn="v", shape={"rows": 1}, dtype="fp32", level="kernel",
                 device="cpu", timed=True, seed=1)
     at = {"variant": "v", "shape": task.shape, "dtype": "fp32"}
     out = orchestrate._sound(task, lambda: Point(**at, **payload), Child())
