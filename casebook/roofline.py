@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from casebook.result import Ceilings
+
 PHYSICS_MARGIN = 0.05
 """A time may beat the floor by this much (ceiling measurement noise) plus its own spread, no more."""
 
@@ -148,15 +150,14 @@ the smaller, less one) were measured on different machines, or one of them on a 
 ceilings move a few percent with its clocks (1% between the stored H200 runs), never 20%."""
 
 
-def ceilings_apart(a: dict, b: dict) -> list[str]:
+def ceilings_apart(a: Ceilings, b: Ceilings) -> list[str]:
     """The measured ceilings (copy bandwidth, matmul per dtype) on which `a` and `b` differ by more than
     `CEILINGS_APART`, each as `name a vs b`."""
-    pairs = [("copy", "GB/s", a.get("copy_gbps"), b.get("copy_gbps"))]
-    ma, mb = a.get("matmul_tflops") or {}, b.get("matmul_tflops") or {}
-    pairs += [(f"{d} matmul", "TFLOP/s", ma[d], mb[d]) for d in ma if d in mb]
+    pairs = [("copy", "GB/s", a.copy_gbps, b.copy_gbps)]
+    pairs += [(f"{d} matmul", "TFLOP/s", a.matmul_tflops[d], b.matmul_tflops[d]) for d in a.matmul_tflops
+              if d in b.matmul_tflops]
     return [f"{what} {x:.3g} vs {y:.3g} {unit}" for what, unit, x, y in pairs
-            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and min(x, y) > 0
-            and max(x, y) / min(x, y) - 1 > CEILINGS_APART]
+            if min(x, y) > 0 and max(x, y) / min(x, y) - 1 > CEILINGS_APART]
 
 
 def launch_count(launches: dict, roofs: dict) -> float:

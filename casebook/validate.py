@@ -17,7 +17,7 @@ from casebook import evidence, provenance, results
 from casebook.case import Case, consistency_problems
 from casebook.load import CaseError, Lines, _located, read_case
 from casebook.paths import refusal
-from casebook.result import Result, shape_label
+from casebook.result import Ceilings, Result, shape_label
 from casebook.roofline import CEILINGS_APART, ceilings_apart
 from casebook.tolerance import OVERRIDE_FLAG, TOLERANCE, overridden
 from casebook.traffic import INTENSITY_TOLERANCE
@@ -443,7 +443,7 @@ def ceilings_disagree(result: Path, doc: Result, root: Path) -> list[str]:
     than `hardware.CEILINGS_APART`: one name standing for two machines (two hosts of one CPU model are), a
     warning on the results, not an error on the case being checked: its author cannot run the others' cases on
     their machine, and the site places each result on its own ceilings (`render.book`)."""
-    mine = doc.hardware.measured.model_dump()
+    mine = doc.hardware.measured
     out = []
     for other in sorted(result.parent.glob("*.json")):
         if other == result:
@@ -461,11 +461,11 @@ def ceilings_disagree(result: Path, doc: Result, root: Path) -> list[str]:
 
 
 @functools.cache
-def _ceilings_of(path: Path, mtime_ns: int) -> dict | None:
+def _ceilings_of(path: Path, mtime_ns: int) -> Ceilings | None:
     """A stored result's measured ceilings, read once a check (each case's check compares its results with every
     other of their machine); None where it does not load."""
     try:
-        return results.load(path).hardware.measured.model_dump()
+        return results.load(path).hardware.measured
     except (OSError, ValueError):
         return None
 

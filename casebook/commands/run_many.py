@@ -186,7 +186,7 @@ def ceilings_agreement(runs: list[Result]) -> list[str]:
             continue
         dev = r.environment.device
         name = (dev.uuid or dev.cuda_visible_devices if dev is not None else None) or "?"
-        by_device.setdefault(hw.slug, {}).setdefault(name, hw.measured.model_dump())
+        by_device.setdefault(hw.slug, {}).setdefault(name, hw.measured)
     lines = []
     for slug, devs in by_device.items():
         if len(devs) < 2:

@@ -73,10 +73,8 @@ class Book:
         for e in self.entries:
             for r in e.results:
                 keys = machines.setdefault(r.slug, [])
-                mine = r.result.hardware.measured.model_dump()
-                key = next((k for k in keys
-                            if not ceilings_apart(mine, out[k][0].result.hardware.measured.model_dump())),
-                           None)
+                mine = r.result.hardware.measured
+                key = next((k for k in keys if not ceilings_apart(mine, out[k][0].result.hardware.measured)), None)
                 if key is None:
                     key = r.slug if not keys else f"{r.slug}-{len(keys) + 1}"
                     keys.append(key)

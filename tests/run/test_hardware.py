@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from casebook import paths, roofline
+from casebook.result import Ceilings
 from casebook.run import hardware
 
 PACKAGE = Path(hardware.__file__).resolve().parents[1]
@@ -60,12 +61,13 @@ def test_identify_names_this_cpu_by_the_rule(monkeypatch):
 
 
 def test_ceilings_apart_over_a_fifth():
-    a = {"copy_gbps": 45.9, "matmul_tflops": {"fp32": 0.2}}
-    b = {"copy_gbps": 19.3, "matmul_tflops": {"fp32": 0.21}}
-    assert roofline.ceilings_apart(a, b) == ["copy 45.9 vs 19.3 GB/s"]
-    assert roofline.ceilings_apart(a, {"copy_gbps": 40.0, "matmul_tflops": {"fp32": 0.23}}) == []
-    assert roofline.ceilings_apart(a, {"copy_gbps": 45.0, "matmul_tflops": {"fp32": 0.3}}) == [
-        "fp32 matmul 0.2 vs 0.3 TFLOP/s"]
+    def measured(copy_gbps: float, fp32: float) -> Ceilings:
+        return Ceilings(copy_gbps=copy_gbps, matmul_tflops={"fp32": fp32}, launch_us=5.0, graph_launch_us=5.0)
+
+    a = measured(45.9, 0.2)
+    assert roofline.ceilings_apart(a, measured(19.3, 0.21)) == ["copy 45.9 vs 19.3 GB/s"]
+    assert roofline.ceilings_apart(a, measured(40.0, 0.23)) == []
+    assert roofline.ceilings_apart(a, measured(45.0, 0.3)) == ["fp32 matmul 0.2 vs 0.3 TFLOP/s"]
 
 
 def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
