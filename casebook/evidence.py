@@ -91,17 +91,17 @@ def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None)
         return [f"{_label(p)}: its median {p.median_us:g} us is not the slowest of its ranks' medians ({ranks})"]
     if not (_finite(p.flops) and _finite(p.bytes) and p.flops >= 0 and p.bytes >= 0):
         return [f"{_label(p)}: no traffic (FLOPs and bytes) to place it by"]
-    # the roofs by roofline's names (`launch_count`, `Roofs`)
-    roofs = {"compute_tflops": compute_roof(measured.matmul_tflops, p.dtype), "bandwidth_gbps": measured.copy_gbps,
-             "launch_us": measured.launch_us, "graph_launch_us": measured.graph_launch_us or 0.0}
-    if not all(_finite(v) and (v > 0 or k == "graph_launch_us") for k, v in roofs.items()):
-        return [f"{_label(p)}: the result's measured ceilings are incomplete"]
-    for key, roof in (("compute_roof_tflops", "compute_tflops"), ("bandwidth_roof_gbps", "bandwidth_gbps")):
-        stored = getattr(p, key)
-        if _finite(stored) and abs(stored / roofs[roof] - 1) > AGREE:
-            out.append(f"{_label(p)}: stored {key} {stored:g} is not the result's measured {roofs[roof]:g}")
-    link_bytes = p.link_bytes or 0.0
     link_ok = _finite(link_gbps) and link_gbps > 0
+    roofs = Roofs(compute_roof(measured.matmul_tflops, p.dtype), measured.copy_gbps, measured.launch_us,
+                  link_gbps=link_gbps if link_ok else None, graph_launch_us=measured.graph_launch_us or 0.0)
+    if not (all(_finite(v) and v > 0 for v in (roofs.compute_tflops, roofs.bandwidth_gbps, roofs.launch_us))
+            and _finite(roofs.graph_launch_us) and roofs.graph_launch_us >= 0):
+        return [f"{_label(p)}: the result's measured ceilings are incomplete"]
+    for key, roof in (("compute_roof_tflops", roofs.compute_tflops), ("bandwidth_roof_gbps", roofs.bandwidth_gbps)):
+        stored = getattr(p, key)
+        if _finite(stored) and abs(stored / roof - 1) > AGREE:
+            out.append(f"{_label(p)}: stored {key} {stored:g} is not the result's measured {roof:g}")
+    link_bytes = p.link_bytes or 0.0
     if _finite(p.link_roof_gbps) and not (link_ok and abs(p.link_roof_gbps / link_gbps - 1) <= AGREE):
         out.append(f"{_label(p)}: stored link_roof_gbps {p.link_roof_gbps:g} is not the result's measured link "
                    f"({link_gbps})")
@@ -109,11 +109,9 @@ def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None)
         return [f"{_label(p)}: its link bytes are not part of its bytes"]
     direct, graph = (p.launches.direct, p.launches.graph) if p.launches is not None else (1, 0)
     try:
-        n = launch_count({"direct": direct, "graph": graph}, roofs)
+        n = launch_count(direct + graph, roofs)
         spread = (p.median_us - p.p10_us) / p.median_us
-        gate = Roofs(roofs["compute_tflops"], roofs["bandwidth_gbps"], roofs["launch_us"],
-                     link_gbps=link_gbps if link_ok else None)
-        placed = place(p.flops, p.bytes, n, p.median_us, gate, spread=spread, host_us=p.host_issue_us or 0.0,
+        placed = place(p.flops, p.bytes, n, p.median_us, roofs, spread=spread, host_us=p.host_issue_us or 0.0,
                        link_bytes=link_bytes)
     except FasterThanPhysics as e:
         return [f"{_label(p)}: {e}"]
@@ -129,7 +127,7 @@ def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None)
     floor = p.floor_us
     if _finite(floor) and p.launches is not None:  # without its launches recorded, no bound from above
         low = max(placed.compute_floor_us, placed.bandwidth_floor_us, placed.link_floor_us)
-        high = max(low, max(direct + graph, 1) * roofs["launch_us"])
+        high = max(low, max(direct + graph, 1) * roofs.launch_us)
         if not low * (1 - AGREE) <= floor <= high * (1 + AGREE):
             out.append(f"{_label(p)}: stored floor {floor:.6g} us is outside what its traffic and launches allow "
                        f"({low:.6g}-{high:.6g} us)")

@@ -35,6 +35,12 @@ class Roofs:
     launch_us: float
     link_gbps: float | None = None
     """The interconnect's measured bus bandwidth (multi-device cases); None: one device, no link."""
+    graph_launch_us: float = 0.0
+    """One kernel's cost inside a replayed CUDA graph (on a CPU, as launch_us): the launch floor's unit
+    (`launch_count`)."""
+    busy: bool = False
+    """The ceilings were measured on a busy machine: a time under their floor then says more of them than of
+    the kernel."""
 
     @property
     def ridge_point(self) -> float:
@@ -160,11 +166,11 @@ def ceilings_apart(a: Ceilings, b: Ceilings) -> list[str]:
             if min(x, y) > 0 and max(x, y) / min(x, y) - 1 > CEILINGS_APART]
 
 
-def launch_count(launches: dict, roofs: dict) -> float:
+def launch_count(kernels: int, roofs: Roofs) -> float:
     """The launch floor in units of one launch: every kernel at its cost inside a CUDA graph, the least a
     kernel takes on the device. A true lower bound, whatever issues the kernels: a lone kernel timed by
     events does not wait for the host's pace of issue (`launch_us`), and a 4 MB copy on the H200 took
     5.5 us where back-to-back launches cost 6.6 us each. The host's own issue time is measured per
-    variant (`host_issue_us`) and decides the regime, not the gate."""
-    kernels = launches["direct"] + launches["graph"]
-    return kernels * roofs["graph_launch_us"] / roofs["launch_us"]
+    variant (`host_issue_us`) and decides the regime, not the gate. `kernels`: those one call runs, launched
+    directly or replayed in a graph."""
+    return kernels * roofs.graph_launch_us / roofs.launch_us

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from casebook.result import Protocol
+from casebook.roofline import Roofs
 from casebook.run import autotune, bench
 from casebook.run import inputs as inputs_mod
 from casebook.run.check import TORCH_DTYPES
@@ -62,7 +63,8 @@ class Task:
     seed: int
     protocol: Protocol = field(default_factory=Protocol)
     """How it is timed: the case's cache and graph in the run's protocol (`plan.plan`)."""
-    roofs: dict = field(default_factory=dict)
+    roofs: Roofs | None = None
+    """The ceilings a timed point is placed under (`plan.plan`)."""
     tolerance: float | None = None
     reference: str = "reference"
     inputs: str = "inputs"

@@ -232,17 +232,15 @@ def place_point(task, run: PointRun, times: list[float], ranked: dict, traffic: 
     timed.update(ranked)
     if traffic is None:
         return Point(**checked, **timed, status="failed", error="the traffic model gave no FLOPs and bytes")
-    roofs = Roofs(compute_tflops=task.roofs["compute_tflops"], bandwidth_gbps=task.roofs["bandwidth_gbps"],
-                  launch_us=task.roofs["launch_us"], link_gbps=task.roofs.get("link_gbps"))
+    roofs = task.roofs
     host_us = run.host_us or 0.0
     link_bytes = traffic.link_bytes or 0.0
     try:
-        p = place(traffic.flops, traffic.bytes, launch_count({"direct": launches.direct, "graph": launches.graph},
-                                                             task.roofs),
+        p = place(traffic.flops, traffic.bytes, launch_count(launches.direct + launches.graph, roofs),
                   s.median_us, roofs, spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us,
                   link_bytes=link_bytes)
     except FasterThanPhysics as e:
-        if task.roofs.get("busy"):  # the ceiling, not the kernel, is the suspect: not placed, not published
+        if roofs.busy:  # the ceiling, not the kernel, is the suspect: not placed, not published
             return Point(**checked, **timed, status="ok",
                          unstable=[f"under the floor of ceilings measured on a busy machine ({e})"])
         return Point(**checked, **timed, status="failed", error=str(e))

@@ -10,7 +10,7 @@ from casebook import claims as claims_mod
 from casebook import paths
 from casebook.case import Case, Variant
 from casebook.result import Ceilings, shape_label
-from casebook.roofline import compute_roof
+from casebook.roofline import Roofs, compute_roof
 from casebook.run.bench import Protocol
 from casebook.run.child import PairTask, ScenarioTask, Task
 from casebook.run.oracle import OracleTask
@@ -29,13 +29,10 @@ def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
     return None
 
 
-def _roofs(ceilings: Ceilings, dtype: str, link_gbps: float | None = None) -> dict:
-    roofs = {"compute_tflops": compute_roof(ceilings.matmul_tflops, dtype),
-             "bandwidth_gbps": ceilings.copy_gbps, "launch_us": ceilings.launch_us,
-             "graph_launch_us": ceilings.graph_launch_us, "busy": bool(ceilings.unstable)}
-    if link_gbps:
-        roofs["link_gbps"] = link_gbps
-    return roofs
+def _roofs(ceilings: Ceilings, dtype: str, link_gbps: float | None = None) -> Roofs:
+    return Roofs(compute_tflops=compute_roof(ceilings.matmul_tflops, dtype), bandwidth_gbps=ceilings.copy_gbps,
+                 launch_us=ceilings.launch_us, link_gbps=link_gbps or None, graph_launch_us=ceilings.graph_launch_us,
+                 busy=bool(ceilings.unstable))
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from casebook.result import Launches
+from casebook.roofline import Roofs
 from casebook.run.bench import Protocol
 from casebook.run.child import PairTask, ScenarioTask, Task
 from casebook.run.orchestrate import execute
@@ -22,7 +23,7 @@ CHEATS_DIR = Path(__file__).parents[1] / "fixtures" / "kernels"
 SHAPE = {"rows": 64, "cols": 1000}
 SEED = 100
 FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05)
-ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+ROOFS = Roofs(compute_tflops=1000.0, bandwidth_gbps=1000.0, launch_us=1e-3, graph_launch_us=1e-3)
 """1 TB/s: the honest kernel (512 KB at this shape, tens of us on a CPU) sits far under the roof."""
 
 
@@ -184,16 +185,15 @@ def test_end_to_end(payloads):
 
 
 def test_launch_floor_is_every_kernel_at_its_in_graph_cost():
-    from casebook.roofline import Roofs, launch_count, place
+    from casebook.roofline import launch_count, place
 
-    roofs = {"launch_us": 6.0, "graph_launch_us": 0.75}
-    assert launch_count({"direct": 1, "graph": 0}, roofs) == pytest.approx(0.125)
-    assert launch_count({"direct": 64, "graph": 0}, roofs) == pytest.approx(64 * 0.125)
-    assert launch_count({"direct": 0, "graph": 64}, roofs) == pytest.approx(64 * 0.125)
+    roofs = Roofs(compute_tflops=1.0, bandwidth_gbps=1.0, launch_us=6.0, graph_launch_us=0.75)
+    assert launch_count(1, roofs) == pytest.approx(0.125)
+    assert launch_count(64, roofs) == pytest.approx(64 * 0.125)
     # A lone copy timed by events under the host's pace of issue (the H200's 4 MB copy: 5.54 us against
     # 6.57 us a back-to-back launch) is no faster than physics.
-    h200 = Roofs(compute_tflops=800.0, bandwidth_gbps=4270.0, launch_us=6.57)
-    n = launch_count({"direct": 1, "graph": 0}, {"launch_us": 6.57, "graph_launch_us": 0.84})
+    h200 = Roofs(compute_tflops=800.0, bandwidth_gbps=4270.0, launch_us=6.57, graph_launch_us=0.84)
+    n = launch_count(1, h200)
     assert place(0.0, 4.19e6, n, 5.54, h200).regime == "bandwidth"
 
 
@@ -222,13 +222,13 @@ def test_a_point_under_the_floor_of_busy_ceilings_is_unstable_not_failed():
     from casebook.run.judge import place_point
     from casebook.run.messages import PointRun, TrafficModel
 
-    roofs = {"compute_tflops": 1.0, "bandwidth_gbps": 1.0, "launch_us": 1.0, "graph_launch_us": 1.0}
+    roofs = Roofs(compute_tflops=1.0, bandwidth_gbps=1.0, launch_us=1.0, graph_launch_us=1.0)
     run = PointRun(status="ran", times_us=[10.0] * 20, launches=Launches(direct=1, graph=0))
     traffic = TrafficModel(flops=0.0, bytes=1e6, terms=[])  # 1 MB at 1 GB/s: a 1000 us floor
     at = {"variant": "honest", "shape": SHAPE, "dtype": "fp32", "correct": True}
-    quiet = place_point(replace(task("honest"), roofs={**roofs, "busy": False}), run, run.times_us, {}, traffic, at)
+    quiet = place_point(replace(task("honest"), roofs=roofs), run, run.times_us, {}, traffic, at)
     assert quiet.status == "failed" and "faster than physics" in quiet.error
-    busy = place_point(replace(task("honest"), roofs={**roofs, "busy": True}), run, run.times_us, {}, traffic, at)
+    busy = place_point(replace(task("honest"), roofs=replace(roofs, busy=True)), run, run.times_us, {}, traffic, at)
     assert busy.status == "ok" and busy.median_us == 10.0 and busy.regime is None
     assert "ceilings measured on a busy machine" in busy.unstable[0]
 

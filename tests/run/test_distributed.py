@@ -7,11 +7,13 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from casebook.result import Ceilings, Interference, Point
+from casebook.roofline import Roofs
 from casebook.run.bench import Protocol
 from casebook.run.child import Task, work
 from casebook.run.distributed import lockstep, merge
@@ -19,7 +21,7 @@ from casebook.run.isolate import run_isolated
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
 FAST = Protocol(warmup_ms=1.0, min_reps=5, max_reps=20, time_cap_s=0.05, cache="warm")
-ROOFS = {"compute_tflops": 1000.0, "bandwidth_gbps": 1000.0, "launch_us": 1e-3, "graph_launch_us": 1e-3}
+ROOFS = Roofs(compute_tflops=1000.0, bandwidth_gbps=1000.0, launch_us=1e-3, graph_launch_us=1e-3)
 
 
 def task(fn: str, **kw) -> Task:
@@ -246,7 +248,7 @@ def test_a_ranked_point_is_placed_against_the_link_and_placed_again_on_load():
     from casebook.run import judge
     from casebook.run.messages import PointRun, TrafficModel
 
-    roofs = {**ROOFS, "bandwidth_gbps": 1e6, "link_gbps": 1.0}  # memory far faster than the link
+    roofs = replace(ROOFS, bandwidth_gbps=1e6, link_gbps=1.0)  # memory far faster than the link
     t = task("honest", roofs=roofs)
     traffic = TrafficModel(flops=1e3, bytes=4e3 + 1e3, link_bytes=1e3, terms=[])
     run = PointRun(status="ran", times_us=[2.0, 2.0, 2.0], rank_times_us=[[2.0, 2.0, 2.0], [1.5, 1.5, 1.5]])

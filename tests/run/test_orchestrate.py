@@ -23,6 +23,7 @@ from casebook.levels import Scenario
 from casebook.load import load_case
 from casebook.provenance import kernel_sha256, measurement_sha256
 from casebook.result import Ceilings, IntensityCheck, Point, Result
+from casebook.roofline import Roofs
 from casebook.run import assemble, orchestrate, plan
 from casebook.run.bench import QUICK
 
@@ -72,8 +73,7 @@ def test_plan_on_a_cpu():
     assert len(set(seeds)) == kernel, "a point has the same seed in every variant, and its own"
     t = base.tasks[0]
     assert t.protocol.cache == case.levels.kernel.cache and t.protocol.time_cap_s == QUICK.time_cap_s
-    assert t.roofs == {"compute_tflops": 1e3, "bandwidth_gbps": 1e3, "launch_us": 1e-3, "graph_launch_us": 1e-3,
-                       "busy": False}
+    assert t.roofs == Roofs(compute_tflops=1e3, bandwidth_gbps=1e3, launch_us=1e-3, graph_launch_us=1e-3)
 
 
 def test_plan_on_a_gpu_uses_the_gpu_shapes():
