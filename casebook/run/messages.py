@@ -45,8 +45,9 @@ Tensor = InstanceOf[torch.Tensor] | InstanceOf[Unsent]
 
 
 class Stopped(Message):
-    """A task that did not run to the end: skipped (the variant's own word, or no backend), crashed or timed out
-    (said by the child or by the harness that watched it)."""
+    """A task that did not run to the end: skipped (the variant's own word, or no backend), failed before it was
+    timed (a scenario that never called the kernel), crashed or timed out (said by the child or by the harness
+    that watched it)."""
 
     status: Literal["skipped", "crashed", "timeout", "failed"]
     error: str = "no answer"

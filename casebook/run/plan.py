@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, fields
 from casebook import claims as claims_mod
 from casebook import paths
 from casebook.case import Case, Variant
-from casebook.result import Ceilings, shape_label
+from casebook.levels import Scenario
+from casebook.result import Ceilings, Point, shape_label
 from casebook.roofline import Roofs, compute_roof
 from casebook.run.bench import Protocol
 from casebook.run.child import PairTask, ScenarioTask, Task
@@ -45,7 +46,7 @@ class Group:
     """cuda or cpu; None: no backend of it here."""
     timed: bool
     tasks: list[Task]
-    outcomes: list = field(default_factory=list)
+    outcomes: list[tuple[Task, Point | Scenario]] = field(default_factory=list)
     """(task, record) as each task is judged: a `Point`, or the scenario's `levels.Scenario`."""
     wall_s: float | None = None
     """From its first task to its last, seconds; None until it ran."""
