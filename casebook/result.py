@@ -312,8 +312,9 @@ class MeasuredLink(Record):
     error: str | None = Field(default=None, description="Why it was not measured.")
 
 
-class Hardware(Record):
-    """The machine that ran: its name, its datasheet entry, the ceilings measured on it."""
+class Machine(Record):
+    """Which machine this is (`run.hardware.identify`): its name, its datasheet entry; over one device, the devices
+    a case runs on together and their link."""
 
     slug: HardwareSlug = Field(description="The hardware's name in results/ (with `-x<devices>` over one device).")
     name: str = Field(description="The device's name (a CPU's model name).")
@@ -323,6 +324,15 @@ class Hardware(Record):
     memory_gib: float | None = Field(default=None, description="CPU machines: installed memory, GiB.")
     devices: int | None = Field(default=None, description="Multi-device cases: devices run together; absent: one.")
     topology: MeasuredLink | None = Field(default=None, description="Multi-device cases: the devices and their link.")
+
+    def given(self) -> dict:
+        """Its fields as they were set (none defaulted), records as records: to build a larger record from it."""
+        return {k: getattr(self, k) for k in self.model_fields_set}
+
+
+class Hardware(Machine):
+    """The machine that ran: its name, its datasheet entry, the ceilings measured on it."""
+
     measured: Ceilings = Field(description="The ceilings measured on this machine.")
 
 

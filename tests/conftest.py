@@ -155,7 +155,7 @@ def small_book(tmp_path, monkeypatch):
     cache.mkdir()
     ident = hardware.identify()
     (cache / f"ceilings-{hardware.ceilings_key(ident)}.json").write_text(json.dumps(
-        {**POOL_CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident["slug"]}))
+        {**POOL_CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident.slug}))
     monkeypatch.setenv("CASEBOOK_CACHE", str(cache))
     monkeypatch.setattr(paths, "CACHE_DIR", cache)
     monkeypatch.setenv("CASEBOOK_KERNELS_PATH", str(FIXTURES / "kernels"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from casebook.render import text
+from casebook.result import Machine
 
 from site_helpers import REPO, build_site, copy_cases, copy_results, unnamed_transfer
 
@@ -205,8 +206,8 @@ def test_version(cli):
 def test_hardware_json(cli, monkeypatch):
     from casebook.run import hardware
 
-    monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-test", "name": "Test CPU", "kind": "cpu",
-                                                       "datasheet": None})
+    monkeypatch.setattr(hardware, "identify", lambda: Machine(slug="cpu-test", name="Test CPU", kind="cpu",
+                                                               datasheet=None))
     ceilings = {"copy_gbps": 12.5, "matmul_tflops": {"fp32": 0.2}, "launch_us": 2.0, "graph_launch_us": None}
     monkeypatch.setattr(hardware, "ceilings", lambda remeasure=False: ceilings)
     result = cli("hardware", "--json")

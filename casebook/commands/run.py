@@ -183,7 +183,7 @@ def last_cut_short(case) -> tuple[Path, Result] | None:
     from casebook import results
     from casebook.run import hardware
 
-    folder = results.runs_dir() / hardware.identify(devices=case.kernel.devices)["slug"] / case.id
+    folder = results.runs_dir() / hardware.identify(devices=case.kernel.devices).slug / case.id
     partials = sorted(folder.glob(f"*.json{results.PARTIAL}"), key=lambda p: p.stat().st_mtime)
     for path in reversed(partials):
         try:

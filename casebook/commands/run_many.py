@@ -43,7 +43,7 @@ def current_result(path: Path, case, results_dir: Path) -> Path | None:
     from casebook.provenance import stale_reasons
     from casebook.run import hardware
 
-    stored = results.result_path(results_dir, hardware.identify(devices=case.kernel.devices)["slug"], case.id)
+    stored = results.result_path(results_dir, hardware.identify(devices=case.kernel.devices).slug, case.id)
     if not stored.is_file():
         return None
     try:

@@ -26,7 +26,9 @@ from casebook.result import (
     RESULT_SCHEMA_VERSION,
     Ceilings,
     ClaimPairedTiming,
+    Hardware,
     IntensityCheck,
+    Machine,
     Point,
     Result,
     ResumedPart,
@@ -89,8 +91,8 @@ class Run:
 
     path: Path
     case: Case
-    ident: dict
-    """`hardware.identify`'s: slug, name, kind, datasheet; a multi-device case's topology."""
+    ident: Machine
+    """Which machine (`hardware.identify`); a multi-device case's topology set once measured."""
     command: str
     argv: list[str] | None
     started: str
@@ -111,7 +113,7 @@ class Run:
 
     @property
     def on_gpu(self) -> bool:
-        return self.ident["kind"] == "gpu"
+        return self.ident.kind == "gpu"
 
 
 def assemble(run: Run, protocol: Protocol, groups: dict[str, Group], complete: bool) -> Result:
@@ -164,11 +166,11 @@ def assemble(run: Run, protocol: Protocol, groups: dict[str, Group], complete: b
     return Result(
         schema_version=RESULT_SCHEMA_VERSION, case_id=case.id, **run.sources, command=run.command,
         complete=complete, started_at=run.started, finished_at=now(),
-        hardware={**run.ident, "measured": run.ceilings}, environment=env,
+        hardware=Hardware(**run.ident.given(), measured=run.ceilings), environment=env,
         protocol=timing_protocol(run, protocol), variants=variants, kernel_level=kernel_points,
         workload_level=workload, end_to_end=e2e, counters=[],
         stability=stability.summary(kernel_points + workload_points), arithmetic_intensity=run.intensity,
-        claims=claims_mod.evaluate(case, run.ident["slug"], kernel_points, workload, e2e, paired),
+        claims=claims_mod.evaluate(case, run.ident.slug, kernel_points, workload, e2e, paired),
         **({"argv": list(run.argv)} if run.argv else {}), **({"resumed": run.resumed} if run.resumed else {}))
 
 

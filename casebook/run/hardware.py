@@ -16,7 +16,7 @@ from pathlib import Path
 from casebook import paths, stability
 from casebook.datasheets import datasheets
 from casebook.evidence import ceilings_problems
-from casebook.result import Ceilings, Datasheet, Interference, slug
+from casebook.result import Ceilings, Interference, Machine, slug
 from casebook.run.bench import HOST_SLACK_US, Protocol, time_fn
 from casebook.run.interference import Window
 
@@ -87,27 +87,27 @@ def memory_bytes() -> int | None:
     return None
 
 
-def identify(devices: int = 1) -> dict:
+def identify(devices: int = 1) -> Machine:
     """Which machine this is: slug, name, kind, the datasheet entry if any. Over one device, the devices a
     case runs on together are the machine: `-x<devices>` on the slug (2 H200s and 8 are different machines)."""
     ident = _identify()
     if devices > 1:
-        ident.update(slug=f"{ident['slug']}-x{devices}", devices=devices)
+        return Machine(**{**ident.given(), "slug": f"{ident.slug}-x{devices}", "devices": devices})
     return ident
 
 
-def _identify() -> dict:
+def _identify() -> Machine:
     import torch
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         for key, spec in datasheets().items():
             if any(m in name for m in spec["match"]):
-                return {"slug": key, "name": name, "kind": "gpu", "datasheet": spec}
-        return {"slug": slug(name), "name": name, "kind": "gpu", "datasheet": None}
+                return Machine(slug=key, name=name, kind="gpu", datasheet=spec)
+        return Machine(slug=slug(name), name=name, kind="gpu", datasheet=None)
     model, cores, memory = cpu_model(), os.cpu_count() or 1, memory_bytes()
-    return {"slug": cpu_slug(model, cores, memory), "name": model, "kind": "cpu", "datasheet": None,
-            "cores": cores, "memory_gib": round(memory / 2**30, 1) if memory else None}
+    return Machine(slug=cpu_slug(model, cores, memory), name=model, kind="cpu", datasheet=None, cores=cores,
+                   memory_gib=round(memory / 2**30, 1) if memory else None)
 
 
 def environment() -> dict:
@@ -228,7 +228,7 @@ def ceilings(remeasure: bool = False) -> dict:
                 and cached.get("torch") == torch.__version__ and not cached.get("unstable")
                 and cached_valid(cached) and not ceilings_implausible(cached, ident)):
             return cached
-    measure = measure_gpu if ident["kind"] == "gpu" else measure_cpu
+    measure = measure_gpu if ident.kind == "gpu" else measure_cpu
     measured: dict = {}
     t0 = time.perf_counter()
     for _ in range(CEILING_ATTEMPTS):
@@ -238,11 +238,11 @@ def ceilings(remeasure: bool = False) -> dict:
         measured = best_of(measured, attempt) if measured else attempt
         # On a GPU the ceilings are the device's: the host's other processes do not slow a copy or a matmul
         # there, and the measurement rests the clock between matmuls, so only a CPU's reading is judged.
-        busy = stability.reading_reasons(Interference(**reading)) if ident["kind"] == "cpu" else []
+        busy = stability.reading_reasons(Interference(**reading)) if ident.kind == "cpu" else []
         measured.update(interference=reading, unstable=busy or None)
         if not measured["unstable"]:
             break
-    measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident["slug"],
+    measured.update(version=CEILINGS_VERSION, torch=torch.__version__, slug=ident.slug,
                     measure_s=round(time.perf_counter() - t0, 2),
                     measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     if not measured["unstable"]:
@@ -254,7 +254,7 @@ def ceilings(remeasure: bool = False) -> dict:
     return measured
 
 
-def cache_path(ident: dict | None = None) -> Path:
+def cache_path(ident: Machine | None = None) -> Path:
     """Where this machine's ceilings are cached (`ceilings`)."""
     return paths.CACHE_DIR / f"ceilings-{ceilings_key(ident or identify())}.json"
 
@@ -270,17 +270,17 @@ def provenance_of(measured: dict, since: float) -> str:
             "`casebook hardware --remeasure` measures them again)")
 
 
-def ceilings_key(ident: dict) -> str:
+def ceilings_key(ident: Machine) -> str:
     """The ceilings' cache name: the slug, and on a GPU the device's UUID, so that each GPU of a host is
     measured on itself (a pool's workers, one a GPU; the site counts two GPUs as one machine only where
     their ceilings agree, `roofline.ceilings_apart`)."""
-    if ident["kind"] != "gpu":
-        return ident["slug"]
+    if ident.kind != "gpu":
+        return ident.slug
     uuid = _nvidia_smi(("uuid",)).get("uuid") or visible_device()
-    return f"{ident['slug']}-{slug(uuid)}"
+    return f"{ident.slug}-{slug(uuid)}"
 
 
-def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
+def ceilings_implausible(measured: dict, ident: Machine) -> list[str]:
     """Why cached ceilings cannot be this machine's (empty: they can): a rate that is no positive number, or
     one beyond the datasheet's peak (`evidence.ceilings_problems`). The cache is a file any process of the
     user can write, a variant's child among them: read back, it is measured again rather than believed."""
@@ -289,7 +289,7 @@ def ceilings_implausible(measured: dict, ident: dict) -> list[str]:
                else [None])]
     if not all(isinstance(r, (int, float)) and r > 0 and r == r and r != float("inf") for r in rates):
         return ["a ceiling is not a positive number"]
-    return ceilings_problems(Ceilings(**measured), Datasheet(**ident["datasheet"]) if ident.get("datasheet") else None)
+    return ceilings_problems(Ceilings(**measured), ident.datasheet)
 
 
 def cached_valid(cached: dict) -> bool:

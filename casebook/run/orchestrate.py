@@ -65,7 +65,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     progress = progress or (lambda event, info: None)
     case = case or load_case(path)
     ident = hardware.identify(devices=case.kernel.devices)
-    on_gpu = ident["kind"] == "gpu"
+    on_gpu = ident.kind == "gpu"
     protocol = QUICK if quick else (Protocol() if on_gpu else CPU)
     sources = sources_of(Path(path), case)
     reuse, parts = {}, []
@@ -76,7 +76,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         if not why:
             parts = [*(resume.resumed or []),
                      ResumedPart(finished_at=resume.finished_at, resumed_at=now(), points=len(reuse))]
-    progress("ceilings", {"hardware": ident["name"]})
+    progress("ceilings", {"hardware": ident.name})
     measured, said = _ceilings(resume if parts else None, ceilings)
     run = Run(path=Path(path), case=case, ident=ident, command=command_line(Path(path), only, quick, counters, argv),
               argv=argv, started=resume.started_at if parts else now("microseconds"), resumed=parts,
@@ -87,8 +87,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     link_gbps = None
     if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
         progress("topology", {"devices": case.kernel.devices})
-        ident["topology"] = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
-        link_gbps = ident["topology"].bus_gbps
+        ident.topology = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
+        link_gbps = ident.topology.bus_gbps
     groups = plan(case, on_gpu, protocol, run.ceilings, only, link_gbps)
     progress("plan", {"total": sum(len(g.tasks) for g in groups.values()), "variants": list(groups)})
 
@@ -189,7 +189,7 @@ def _claims_stage(run: Run, groups: dict[str, Group], protocol: Protocol, timeou
     """The traffic model's intensity and the paired timings of the speedup claims, into `run`."""
     case = run.case
     run.intensity = intensity_check(case, read(Answer, run.answers.oracle.request(traffic_task(case), timeout_s)))
-    pairs = pair_tasks(case, run.ident["slug"], groups, protocol)
+    pairs = pair_tasks(case, run.ident.slug, groups, protocol)
     if pairs:
         progress("pairs", {"total": len(pairs)})
 

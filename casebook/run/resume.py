@@ -4,7 +4,7 @@ code, case, harness, machine and protocol."""
 from __future__ import annotations
 
 from casebook.case import Case
-from casebook.result import Point, Result, shape_label
+from casebook.result import Machine, Point, Result, shape_label
 from casebook.run import hardware
 from casebook.run.bench import Protocol
 
@@ -18,7 +18,7 @@ RESUME_PROTOCOL = ("warmup_ms", "min_reps", "max_reps", "target_ci", "time_cap_s
 `measurement_sha256` covers)."""
 
 
-def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol,
+def resumable(kept: Result, case: Case, ident: Machine, protocol: Protocol,
               sources: dict) -> tuple[dict[tuple, Point], str | None]:
     """The points of `kept` a run of `case` here may keep, by `point_key`, as the judge made them (without what the
     run's levels add: speedup, weight, source); or why none: another case, kernel code, measured part of the case,
@@ -29,7 +29,7 @@ def resumable(kept: Result, case: Case, ident: dict, protocol: Protocol,
         ("case's kernel, levels or claims (measurement_sha256)", kept.measurement_sha256,
          sources["measurement_sha256"]),
         ("harness (casebook_sha256)", kept.environment.casebook_sha256, hardware.source_sha256()),
-        ("machine", kept.hardware.slug, ident["slug"]),
+        ("machine", kept.hardware.slug, ident.slug),
         ("timing protocol", [getattr(kept.protocol, k) for k in RESUME_PROTOCOL],
          [getattr(protocol, k) for k in RESUME_PROTOCOL])) if a != b]
     if differs:

@@ -32,7 +32,7 @@ def local_ray(small_book, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local test cluster: no token written to ~/.ray
     from casebook.run import hardware
 
-    slug = hardware.identify()["slug"]
+    slug = hardware.identify().slug
     ray.init(num_cpus=2, num_gpus=2, resources={hardware_resource(slug): 2}, include_dashboard=False,
              log_to_driver=False)
     try:

@@ -217,7 +217,7 @@ def test_the_hardware_page_gains_the_interconnect_ceiling():
 def test_two_devices_are_another_machine():
     from casebook.run import hardware
 
-    assert hardware.identify(devices=2)["slug"] == hardware.identify()["slug"] + "-x2"
+    assert hardware.identify(devices=2).slug == hardware.identify().slug + "-x2"
 
 
 def test_kernel_devices_and_topology_devices_agree(tmp_path):

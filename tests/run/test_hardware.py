@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from casebook import paths, roofline
-from casebook.result import Ceilings
+from casebook.result import Ceilings, Machine
 from casebook.run import hardware
 
 PACKAGE = Path(hardware.__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_memory_class_is_stable_across_small_differences():
 def test_identify_names_this_cpu_by_the_rule(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     ident = hardware.identify()
-    assert ident["slug"] == hardware.cpu_slug(hardware.cpu_model(), ident["cores"], hardware.memory_bytes())
+    assert ident.slug == hardware.cpu_slug(hardware.cpu_model(), ident.cores, hardware.memory_bytes())
 
 
 def test_ceilings_apart_over_a_fifth():
@@ -73,13 +73,13 @@ def test_ceilings_apart_over_a_fifth():
 def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
     from casebook.run.hardware import ceilings_implausible
 
-    sheet = {"datasheet": {"name": "NVIDIA H200", "match": ["H200"], "bandwidth_gbps": 4800,
-                           "peak_tflops": {"bf16": 989.4}}}
+    sheet = Machine(slug="nvidia-h200", name="NVIDIA H200", kind="gpu", datasheet={
+        "name": "NVIDIA H200", "match": ["H200"], "bandwidth_gbps": 4800, "peak_tflops": {"bf16": 989.4}})
     good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0, "graph_launch_us": 0.8}
     assert ceilings_implausible(good, sheet) == []
     assert ceilings_implausible({**good, "copy_gbps": 48000.0}, sheet)  # a tenfold bandwidth: a tampered cache
     assert ceilings_implausible({**good, "matmul_tflops": {"bf16": -1.0}}, sheet)
-    assert ceilings_implausible({**good, "launch_us": None}, {"datasheet": None}) == [
+    assert ceilings_implausible({**good, "launch_us": None}, sheet.model_copy(update={"datasheet": None})) == [
         "a ceiling is not a positive number"]
 
 
@@ -89,7 +89,7 @@ def fake_ceilings(copy_gbps: float) -> dict:
 
 def test_ceilings_measured_on_a_busy_machine_are_measured_again_and_never_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
-    monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
+    monkeypatch.setattr(hardware, "identify", lambda: Machine(slug="cpu-toy", name="toy", kind="cpu"))
     attempts = iter([fake_ceilings(3.7), fake_ceilings(12.0), fake_ceilings(9.0)])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: next(attempts))
     monkeypatch.setattr(hardware.stability, "reading_reasons", lambda reading: ["waited for a CPU 40% of the timing"])
@@ -113,13 +113,13 @@ def test_each_gpu_of_a_host_has_its_own_ceilings_and_is_named_in_the_result(monk
         return {"uuid": f"GPU-{os.environ['CUDA_VISIBLE_DEVICES']}aa", "pci_bus_id": "00000000:19:00.0"}
 
     monkeypatch.setattr(hardware, "_nvidia_smi", smi)
-    gpu = {"kind": "gpu", "slug": "nvidia-h200"}
+    gpu = Machine(kind="gpu", slug="nvidia-h200", name="NVIDIA H200")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     assert hardware.ceilings_key(gpu) == "nvidia-h200-gpu-3aa"
     assert hardware.device() == {"cuda_visible_devices": "3", "uuid": "GPU-3aa", "pci_bus_id": "00000000:19:00.0"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
     assert hardware.visible_device() == "5"  # nvidia-smi's -i names the first
-    assert hardware.ceilings_key({"kind": "cpu", "slug": "cpu-x-2c-24g"}) == "cpu-x-2c-24g"
+    assert hardware.ceilings_key(Machine(kind="cpu", slug="cpu-x-2c-24g", name="x")) == "cpu-x-2c-24g"
 
 
 @pytest.mark.slow
@@ -141,7 +141,7 @@ def test_the_ceilings_say_whether_they_were_measured_now_or_read_from_the_cache(
     from casebook.run import hardware
 
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
-    monkeypatch.setattr(hardware, "identify", lambda devices=1: {"slug": "cpu-x-2c-24g", "kind": "cpu"})
+    monkeypatch.setattr(hardware, "identify", lambda devices=1: Machine(slug="cpu-x-2c-24g", name="x", kind="cpu"))
     now = time.time()
     stamp = hardware.datetime.datetime.now(hardware.datetime.timezone.utc).isoformat()
     fresh = {"measured_at": stamp, "measure_s": 4.5}
@@ -158,7 +158,7 @@ def test_a_cache_that_is_not_ceilings_is_measured_again_not_believed(tmp_path, m
     """The cache is a file any process of the user can write (a variant's child among them): one with a key of its
     own or a rate of the wrong type once ended every later run with a ValidationError; now it is measured again."""
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
-    monkeypatch.setattr(hardware, "identify", lambda: {"slug": "cpu-toy", "kind": "cpu"})
+    monkeypatch.setattr(hardware, "identify", lambda: Machine(slug="cpu-toy", name="toy", kind="cpu"))
     monkeypatch.setattr(hardware.stability, "reading_reasons", lambda reading: [])
     monkeypatch.setattr(hardware, "measure_cpu", lambda: fake_ceilings(13.0))
     hardware.ceilings()

@@ -599,7 +599,7 @@ def cli_env(root: Path, kernels: Path) -> dict:
     cache.mkdir()
     ident = hardware.identify()
     (cache / f"ceilings-{hardware.ceilings_key(ident)}.json").write_text(json.dumps(
-        {**CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident["slug"]}))
+        {**CEILINGS, "version": hardware.CEILINGS_VERSION, "torch": torch.__version__, "slug": ident.slug}))
     env = {**os.environ, "CASEBOOK_CACHE": str(cache), "CASEBOOK_KERNELS_PATH": str(kernels), "NO_COLOR": "1",
            "COLUMNS": "1000", "TERM": "dumb"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -640,7 +640,7 @@ def gone(pid: int) -> bool:
 def test_sigterm_keeps_the_checkpoint_and_resume_completes_it(tmp_path):
     kernels = write_book(tmp_path, gate_open=False)
     env = cli_env(tmp_path, kernels)
-    slug = hardware.identify()["slug"]
+    slug = hardware.identify().slug
     folder = tmp_path / "cache" / "runs" / slug / "cut"
     proc = casebook_run(["cases/cut.yaml"], tmp_path, env)
     try:
@@ -737,7 +737,7 @@ def test_sigterm_is_raised_as_terminated_where_the_run_stands(tmp_path, monkeypa
 
 
 def _partial(case_id: str, started: str, slug: str | None = None, complete: bool = False) -> Result:
-    return Result.model_validate(empty_result(slug=slug or hardware.identify()["slug"], case_id=case_id,
+    return Result.model_validate(empty_result(slug=slug or hardware.identify().slug, case_id=case_id,
                                               started_at=started, complete=complete))
 
 
