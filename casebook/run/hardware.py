@@ -10,7 +10,6 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from casebook import paths, stability
@@ -366,9 +365,10 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
     # delay, not one that hides the host: the host's pace of issue is what this ceiling is.
     x = torch.zeros(1, device="cuda")
     n = 200
-    proto = replace(proto, time_cap_s=1.0)  # the host's pace scatters: a launch's fastest needs many repetitions
+    # the host's pace scatters: a launch's fastest needs many repetitions
+    proto = proto.model_copy(update={"time_cap_s": 1.0})
     launch_us = time_fn(lambda: [x.add_(1) for _ in range(n)], "cuda",
-                        replace(proto, host_slack_us=HOST_SLACK_US)).summary.min_us / n
+                        proto.model_copy(update={"host_slack_us": HOST_SLACK_US})).summary.min_us / n
 
     # The same tiny kernel inside a replayed CUDA graph.
     graph = torch.cuda.CUDAGraph()
