@@ -553,10 +553,10 @@ class IntensityCheck(Record):
 
 
 class ResumedPart(Record):
-    """A cut in a resumed run: where one session stopped and the next took over, keeping what was measured."""
+    """A cut in a resumed run: where the run stopped and `--resume` took it up again, keeping what was measured."""
 
-    finished_at: str = Field(description="When the earlier session was cut short (its last checkpoint), UTC ISO 8601.")
-    resumed_at: str = Field(description="When the next session resumed it, UTC ISO 8601.")
+    finished_at: str = Field(description="When the run was cut short (its last checkpoint), UTC ISO 8601.")
+    resumed_at: str = Field(description="When `--resume` took it up again, UTC ISO 8601.")
     points: int = Field(description="The points measured before the cut that this result keeps.")
 
 
@@ -601,7 +601,7 @@ class Result(Record):
         default=None, description="The exact argument list of that command, every flag kept (absent in older results).")
     resumed: list[ResumedPart] | None = Field(
         default=None, description="Where the run was cut short and resumed (`casebook run --resume`): each cut's "
-                                  "time, the resumption's and the points kept across it; absent: one session.")
+                                  "time, the resumption's and the points kept across it; absent: never cut.")
 
 
 def dtype_bytes(dtype: str) -> float:

@@ -503,7 +503,7 @@ def _pair(task: PairTask, mod) -> dict:
 
     The ladder times one variant at every shape, then the next: minutes apart on a GPU whose clock
     follows its recent power draw. The ratio of the same two kernels read 0.96x and 0.93x in two runs
-    of one session on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift
+    one after the other on one H200 (cases/gemm_tiled.yaml, 8192^3). Alternating the two cancels that drift
     (Google Benchmark's random interleaving answers the same problem).
 
     The inputs are the ladder point's (its seeds), so the reference's answers for them judge the outputs; a
