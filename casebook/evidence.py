@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from casebook import stability
 from casebook.case import SpeedupClaim
 from casebook.claims import Paired, evaluate, pair_key
-from casebook.result import Ceilings, ClaimOutcome, Datasheet, Point, Result, shape_label
+from casebook.result import Ceilings, ClaimOutcome, Datasheet, Point, Result, first_error, shape_label
 from casebook.results import ResultError, load
 from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
 
@@ -196,8 +196,7 @@ def read(path: Path) -> tuple[Result | None, str | None]:
     try:
         return load(path), None
     except ValidationError as e:  # the first field at fault, by its place in the document
-        first = e.errors()[0]
-        return None, f"is not a valid result: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        return None, f"is not a valid result: {first_error(e, 'the result')}"
     except (ResultError, ValueError) as e:
         return None, f"is not a valid result: {str(e).splitlines()[0]}"
 

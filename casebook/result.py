@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from casebook.case import DTYPE_BYTES, HardwareSlug, Ident, Regime
 
@@ -602,6 +602,13 @@ class Result(Record):
     resumed: list[ResumedPart] | None = Field(
         default=None, description="Where the run was cut short and resumed (`casebook run --resume`): each cut's "
                                   "time, the resumption's and the points kept across it; absent: never cut.")
+
+
+def first_error(e: ValidationError, whole: str) -> str:
+    """A validation error's first complaint, by its place in the document (`whole` where it is the document
+    itself): where, and what is wrong there."""
+    first = e.errors()[0]
+    return f"{'.'.join(str(x) for x in first['loc']) or whole}: {first['msg']}"
 
 
 def dtype_bytes(dtype: str) -> float:

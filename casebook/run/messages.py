@@ -19,7 +19,7 @@ from typing import Annotated, Literal, TypeVar
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, InstanceOf, ValidationError
 
-from casebook.result import Interference, Launches, MeasuredLink, TrafficTerm
+from casebook.result import Interference, Launches, MeasuredLink, TrafficTerm, first_error
 from casebook.run.transport import Unsent
 
 ERROR_MAX = 2000
@@ -202,10 +202,4 @@ def read(model: type[M], answer) -> M | Stopped:
         return model.model_validate(answer, strict=True)
     except ValidationError as e:
         return Malformed(status="crashed", error=f"the child's answer is not in the format ({e.error_count()} "
-                                                 f"error(s); first, {first_error(e)})")
-
-
-def first_error(e: ValidationError) -> str:
-    """A validation error's first complaint: where, and what is wrong there."""
-    first = e.errors()[0]
-    return f"{'.'.join(str(x) for x in first['loc']) or 'the answer'}: {first['msg']}"
+                                                 f"error(s); first, {first_error(e, 'the answer')})")

@@ -15,7 +15,7 @@ from casebook.case import Case
 from casebook.claims import Unpaired
 from casebook.levels import Scenario
 from casebook.load import load_case
-from casebook.result import Ceilings, ClaimPairedTiming, HarnessCost, Point, Result, ResumedPart
+from casebook.result import Ceilings, ClaimPairedTiming, HarnessCost, Point, Result, ResumedPart, first_error
 from casebook.run import counters as counters_mod
 from casebook.run import hardware, interference, judge, transport
 from casebook.run.answers import Answers, default_budget, fixed_seeds
@@ -35,7 +35,6 @@ from casebook.run.messages import (
     Ran,
     ScenarioRun,
     Stopped,
-    first_error,
     read,
 )
 from casebook.run.oracle import work as oracle_work
@@ -290,7 +289,8 @@ def _sound(task: Task, judged: Callable[[], Record], variant: Worker) -> Record:
         return judged()
     except MALFORMED as e:
         variant.close()
-        why = first_error(e) if isinstance(e, ValidationError) else str(e).splitlines()[0][:200] if str(e) else ""
+        why = (first_error(e, "the record") if isinstance(e, ValidationError)
+               else str(e).splitlines()[0][:200] if str(e) else "")
         error = f"the child's answer does not make a record ({type(e).__name__}: {why})"
         if task.kind == "point":
             return Point(variant=task.variant, shape=task.shape, dtype=task.dtype, status="crashed", error=error)
