@@ -12,8 +12,9 @@
 #   bash benchmarks/gpu_session.sh book           # issue 44: `casebook run --all --save --resume --counters`
 #                                                 # until DEADLINE (CASES: an order), the cache carried in and back
 #   bash benchmarks/gpu_session.sh pace           # issue 43: the device crossing probed, the README's main job
-#                                                 # timed, each point's harness cost, a run cut at 60 s and
-#                                                 # resumed, the quick ceilings against the thorough ones
+#                                                 # timed fresh (profiled where py-spy is installed) and cached,
+#                                                 # each point's harness cost, a run cut at 60 s and resumed, the
+#                                                 # quick ceilings against the thorough ones
 #   bash benchmarks/gpu_session.sh pool           # on a host of several GPUs: the book side by side, one worker
 #                                                 # a GPU, the table of what ran where
 #   bash benchmarks/gpu_session.sh allreduce      # issue 35, on an nvidia-h200-x2 machine: the topology, the
@@ -37,6 +38,13 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
   echo "$case: exit $?"
   grep -A20 '^Claims' "$out/logs/$case.txt" | head -12
   grep -iE 'failed|crashed|timeout|unstable' "$out/logs/$case.txt" | grep -v '^  FAILED' | head -8
+}
+
+pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file), in parts small enough to come back
+  tar -czf "$out/cache.tgz" -C "$CASEBOOK_CACHE" . 2>/dev/null
+  if [ "$(stat -c %s "$out/cache.tgz")" -gt 15000000 ]; then
+    split -b 15000000 "$out/cache.tgz" "$out/cache.tgz.part-" && rm "$out/cache.tgz"
+  fi
 }
 
 case "${1:-}" in
@@ -74,27 +82,33 @@ case "${1:-}" in
     echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced|kept in" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
     timeout 30 python3 -m casebook.cli check > "$out/logs/check.txt" 2>&1; tail -1 "$out/logs/check.txt"
     cp -r results/nvidia-h200/. "$out/results/"
-    tar -czf "$out/cache.tgz" -C "$CASEBOOK_CACHE" . 2>/dev/null  # whole: Triton recompiles a kernel missing any file
-    if [ "$(stat -c %s "$out/cache.tgz")" -gt 15000000 ]; then
-      split -b 15000000 "$out/cache.tgz" "$out/cache.tgz.part-" && rm "$out/cache.tgz"
-    fi ;;
+    pack_cache ;;
   pace)  # issue 43: the harness at the GPU's pace, on a fresh machine: the device crossing probed; the README's
-         # main job timed (ceilings included), each point's harness cost, against the committed result; the
-         # job stopped by SIGTERM at 60 s and resumed; the quick ceilings against the thorough ones, as time
-         # allows. Predicted: the ladder (6 rungs, 186 points) in 100-150 s with the ceilings
+         # main job timed fresh (under py-spy, every process sampled, where it is installed: where the wall time
+         # goes) and again with its compiled kernels and ceilings cached; each point's harness cost, against the
+         # committed result; then, as time allows, the job stopped by SIGTERM at 60 s and resumed, and the quick
+         # ceilings against the thorough ones. The compile cache comes back as cache.tgz (carry it as for `book`)
     end=${DEADLINE:-560}
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader -lms 500 > "$out/logs/gpu_memory.csv" &
     smi=$!
+    python3 -c 'import pynvml; pynvml.nvmlInit(); print("nvml: yes")' 2>/dev/null || echo "nvml: no (nvidia-smi a point)"
     timeout 90 python3 benchmarks/explore/method/crossing_probe.py > "$out/logs/probe.txt" 2>&1
-    echo "probe: exit $?"; cat "$out/logs/probe.txt"
-    start=$SECONDS
-    timeout $((SECONDS + 300 < end ? 300 : end - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml \
-      > "$out/logs/softmax_run.txt" 2> "$out/logs/softmax_run.err"
-    echo "softmax run: exit $? in $((SECONDS - start)) s"; grep -A1 -E "tasks in|crossing" "$out/logs/softmax_run.err"
-    kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
-    python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead.txt" 2>&1; tail -1 "$out/logs/overhead.txt"
-    python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare.txt" 2>&1
-    tail -3 "$out/logs/compare.txt"
+    echo "probe: exit $?"; tail -4 "$out/logs/probe.txt"
+    spy=(); command -v py-spy >/dev/null && spy=(py-spy record --subprocesses --idle --nonblocking --rate 20 --format raw
+                                              -o "$out/logs/profile_fresh.txt" --)
+    for run in fresh cached; do
+      start=$SECONDS
+      timeout $((SECONDS + 330 < end ? 330 : end - SECONDS)) "${spy[@]}" python3 -m casebook.cli run \
+        cases/softmax_fusion.yaml > "$out/logs/softmax_$run.txt" 2> "$out/logs/softmax_$run.err"
+      echo "softmax run ($run): exit $? in $((SECONDS - start)) s"; grep -A1 -E "tasks in|crossing" "$out/logs/softmax_$run.err"
+      kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
+      python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead_$run.txt" 2>&1
+      tail -1 "$out/logs/overhead_$run.txt"
+      python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare_$run.txt" 2>&1
+      tail -3 "$out/logs/compare_$run.txt"
+      spy=()
+      [ $SECONDS -lt $((end - 150)) ] || break
+    done
     if [ $SECONDS -lt $((end - 160)) ]; then
       timeout -s TERM 60 python3 -m casebook.cli run cases/softmax_fusion.yaml > "$out/logs/cut.txt" 2> "$out/logs/cut.err"
       echo "cut: exit $?"; tail -3 "$out/logs/cut.err"
@@ -107,7 +121,8 @@ case "${1:-}" in
       timeout $((end + 25 - SECONDS)) python3 benchmarks/explore/method/ceilings_rested.py > "$out/logs/ceilings.txt" 2>&1
       echo "ceilings: exit $?"; cat "$out/logs/ceilings.txt"
     fi
-    kill $smi ;;
+    kill $smi
+    pack_cache ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
          # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
          # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200

@@ -6,6 +6,7 @@ Linux only where it reads /proc; elsewhere the readings are absent (None), never
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import subprocess
@@ -192,16 +193,29 @@ def run_family() -> set[int]:
     return mine
 
 
-def _nvml_state(index: int) -> dict | None:
+@functools.cache
+def _nvml():
+    """NVML, initialised once a process (pynvml, from nvidia-ml-py); None where it is not installed or finds no
+    driver. Its queries take microseconds where nvidia-smi's two took a tenth of a second a point."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # not installed, or no driver
+        return None
+
+
+def _nvml_state(index: int) -> dict | None:
+    pynvml = _nvml()
+    if pynvml is None:
+        return None
+    try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         return {"sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
                 "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
                 "other_processes": [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]}
-    except Exception:  # not installed, no driver, or an NVML error: nvidia-smi may still answer
+    except Exception:  # an NVML error: nvidia-smi may still answer
         return None
 
 

@@ -345,13 +345,13 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     del fixed
     t1 = time.perf_counter()
     record = judge.point(task, run, reference)
-    del reference
-    transport.give_back_device_memory(keeping=answers.held)  # the parent holds only its kept answers between tasks
-    t2 = time.perf_counter()
     # ranks time side by side: the point took the longest rank's time
     timed_s = max(_timed_s(t) for t in [run.times_us, *(run.rank_times_us or [])]) if isinstance(
         run, PointRun) else 0.0
-    del run  # the outputs: judged, and let go before the next point
+    del reference, run  # the outputs, judged: let go before the memory is given back (held, they made every
+    # point pay a full collection, 0.1 s)
+    transport.give_back_device_memory(keeping=answers.held)  # the parent holds only its kept answers between tasks
+    t2 = time.perf_counter()
     record.harness = HarnessCost(wall_s=t2 - t0, timed_s=timed_s, oracle_s=oracle_s, transport_s=transport_s,
                                  judge_s=t2 - t1, crossing=crossing)
     return record
