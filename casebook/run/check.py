@@ -55,13 +55,14 @@ def _row_norms(got: torch.Tensor, expected: torch.Tensor, device: str | torch.de
     device = device or g2.device
     rows, width = g2.shape
     step = max(1, CHUNK_ELEMENTS // width)
-    diff, scale, bad = [], [], 0
-    for i in range(0, rows, step):
+    diff, scale, bad = [], [], []
+    for i in range(0, rows, step):  # queued on the device, one wait at the end
         g = g2[i:i + step].to(device=device, dtype=torch.float64)
         e = e2[i:i + step].to(device=device, dtype=torch.float64)
-        bad += int((~torch.isfinite(g)).sum())
+        bad.append((~torch.isfinite(g)).sum())
         diff.append(torch.linalg.vector_norm(g - e, dim=1))
         scale.append(torch.linalg.vector_norm(e, dim=1))
+    bad = int(torch.stack(bad).sum()) if bad else 0
     if bad:
         raise CheckFailed(f"{bad} of {got.numel()} output elements are NaN or Inf (unwritten, or overflow)")
     return torch.cat(diff), torch.cat(scale)

@@ -66,19 +66,25 @@ def derived_of(make_inputs):
 
 def blend(inputs: dict, blend_seed: int, derived=None) -> None:
     """Move `BLEND_FRACTION` of each floating tensor's elements, in place (the same memory): the places from a
-    generator seeded with `blend_seed`, the tensors in the order the case makes them. Then the inputs `derived`
-    recomputes (`derived_of`) are written again from the blended ones, into their own memory: a saved statistic
-    moved to another row would hand the kernel a set it is never given (the rmsnorm backward's rows then
-    disagreed with the reference, which recomputes the statistic, by the spread of the rows' norms)."""
-    g = torch.Generator().manual_seed(blend_seed)
+    generator on the tensor's own device seeded with `blend_seed` (one a device, drawn from in the order the case
+    makes the tensors: the variant's child and the reference's, on the same device, draw the same places). On a
+    GPU the places never cross the host: drawn and sorted on the host, a 128 M-element input's took 0.1 s, at
+    every timed point and again in the reference's child. Then the inputs `derived` recomputes (`derived_of`) are
+    written again from the blended ones, into their own memory: a saved statistic moved to another row would hand
+    the kernel a set it is never given (the rmsnorm backward's rows then disagreed with the reference, which
+    recomputes the statistic, by the spread of the rows' norms)."""
+    generators: dict = {}
     for t in inputs.values():
         if not (torch.is_tensor(t) and t.is_floating_point() and t.numel() >= 2):
             continue
+        g = generators.get(t.device)
+        if g is None:
+            g = generators[t.device] = torch.Generator(device=t.device).manual_seed(blend_seed)
         n = math.ceil(t.numel() * BLEND_FRACTION)
-        to = torch.unique(torch.randint(t.numel(), (n,), generator=g))  # each place written once
-        frm = torch.randint(t.numel(), (n,), generator=g)[: to.numel()]
+        to = torch.unique(torch.randint(t.numel(), (n,), generator=g, device=t.device))  # each place written once
+        frm = torch.randint(t.numel(), (n,), generator=g, device=t.device)[: to.numel()]
         with torch.no_grad():
-            t[torch.unravel_index(to.to(t.device), t.shape)] = t[torch.unravel_index(frm.to(t.device), t.shape)]
+            t[torch.unravel_index(to, t.shape)] = t[torch.unravel_index(frm, t.shape)]
     if derived is not None:
         with torch.no_grad():
             for name, value in derived(inputs).items():

@@ -78,7 +78,27 @@ def _contain(token: str) -> None:
     os.environ[TOKEN_ENV] = token
 
 
-def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: int, spill: bool = True) -> None:
+def warm(module: str, device: str) -> None:
+    """What a child does before it greets, where its parent names the case (`Worker`'s `warm`): the case's kernel
+    module imported (Triton, the peers' libraries) and, on a GPU, the device's context made. Started early, a child
+    pays these beside the parent's work; at its first request they were seconds of the first point's wall time (the
+    reference's child's first answer took 6 s on an H200). A failure here is left for the first request to meet."""
+    import importlib
+
+    from casebook.kernels import __name__ as package
+
+    try:
+        importlib.import_module(f"{package}.{module}")
+        if device == "cuda":
+            import torch
+
+            torch.empty(1, device="cuda")
+    except Exception:
+        pass
+
+
+def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: int, spill: bool = True,
+           warm_up: tuple[str, str] | None = None) -> None:
     global _conn
     _contain(token)
     if os.getppid() != parent:  # the parent died before the death signal was armed
@@ -86,6 +106,8 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
     os.environ.update(env)
     _conn = conn
     count_as_own([parent])  # the run's other processes (the parent, the reference's child, the next variant's)
+    if warm_up is not None:
+        warm(*warm_up)
     send(conn, {"ready": True})
     while True:
         try:
@@ -163,12 +185,14 @@ class Worker:
     that its tensors on that device cross without leaving it; None: everything crosses the host."""
 
     def __init__(self, worker: Callable[[Any], dict], env: dict | None = None, startup_s: float = 120.0,
-                 arena=None, spill: bool = True):
+                 arena=None, spill: bool = True, warm: tuple[str, str] | None = None):
         self.worker, self.env, self.startup_s, self.arena = worker, dict(env or {}), startup_s, arena
         self.spill = spill
         """Whether the child may send large tensors through files of its own (`transport.Spill`). The reference's
         child may not: a file in shared memory is readable by every process of the user, a variant's among them,
         so its answers cross the host down the pipe alone (or, on a GPU, in device memory)."""
+        self.warm = warm
+        """(kernel module, device) the child imports and opens before it greets (`warm`); None: nothing."""
         self.proc = self.conn = None
         self.greeted = False
         self.token = ""
@@ -193,7 +217,7 @@ class Worker:
         self.token = secrets.token_hex(16)
         parent, child = _ctx.Pipe(duplex=True)
         self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid(),
-                                                      self.spill), daemon=True)
+                                                      self.spill, self.warm), daemon=True)
         try:
             with _STARTING:  # the token and env in the environment the child starts with: see `_started_with`
                 resource_tracker.ensure_running()  # started before, never with a child's token: shared by all

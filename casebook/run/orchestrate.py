@@ -4,6 +4,7 @@ the claims checked, the result assembled. The library does not print: progress g
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -75,30 +76,44 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         if not why:
             parts = [*(resume.resumed or []),
                      ResumedPart(finished_at=resume.finished_at, resumed_at=now(), points=len(reuse))]
-    progress("ceilings", {"hardware": ident.name})
-    measured, said = _ceilings(resume if parts else None, ceilings)
-    run = Run(path=Path(path), case=case, ident=ident, command=command_line(Path(path), only, quick, counters, argv),
-              argv=argv, started=resume.started_at if parts else now("microseconds"), resumed=parts,
-              sources=sources, ceilings=measured, reuse=reuse,
-              env={**hardware.environment(), "clocks_start": hardware.clocks(),
-                   "load_average_start": interference.load_average(), "cpu_threads": interference.cpu_threads()})
-    progress("note", {"message": f"ceilings: {said}"})
-    link_gbps = None
-    if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: the link's roof
-        progress("topology", {"devices": case.kernel.devices})
-        ident.topology = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
-        link_gbps = ident.topology.bus_gbps
-    groups = plan(case, on_gpu, protocol, run.ceilings, only, link_gbps)
-    progress("plan", {"total": sum(len(g.tasks) for g in groups.values()), "variants": list(groups)})
-
     device = "cuda" if on_gpu else "cpu"
-    arena, run.crossing = transport.arena_for(device)
-    progress("note", {"message": f"crossing: {run.crossing}"})
-    oracle_env = variant_env(interpreted=False, devices=case.kernel.devices)
-    with Worker(oracle_work, oracle_env, arena=arena, spill=False) as oracle:  # one oracle: it runs no variant
-        oracle.start()  # its start (seconds of imports) goes on beside the first variant's child's (`_measure`)
+    arena, crossing = transport.arena_for(device)
+    early = on_gpu and case.kernel.devices == 1
+    warm = (case.kernel.module, device) if on_gpu else None
+    with contextlib.ExitStack() as children:
+        oracle = children.enter_context(Worker(oracle_work, variant_env(interpreted=False, devices=case.kernel.devices),
+                                               arena=arena, spill=False, warm=warm))  # one: it runs no variant
+        first = None
+        if early:  # the reference's child and the first variant's start now, beside the ceilings: their imports and
+            # the device's context are seconds of host work the first point waited for (a CPU run starts each in
+            # turn, a start would take a core from the ceilings; a multi-device case measures its link first)
+            first = children.enter_context(Worker(measure_work, _gpu_child_env(case),
+                                                  arena=transport.arena_for(device)[0], warm=warm))
+            oracle.start()
+            first.start()
+        progress("ceilings", {"hardware": ident.name})
+        measured, said = _ceilings(resume if parts else None, ceilings)
+        run = Run(path=Path(path), case=case, ident=ident, argv=argv,
+                  command=command_line(Path(path), only, quick, counters, argv),
+                  started=resume.started_at if parts else now("microseconds"), resumed=parts, sources=sources,
+                  ceilings=measured, reuse=reuse,
+                  env={**hardware.environment(), "clocks_start": hardware.clocks(),
+                       "load_average_start": interference.load_average(),
+                       "cpu_threads": interference.cpu_threads()})
+        progress("note", {"message": f"ceilings: {said}"})
+        link_gbps = None
+        if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: its roof
+            progress("topology", {"devices": case.kernel.devices})
+            ident.topology = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
+            link_gbps = ident.topology.bus_gbps
+        groups = plan(case, on_gpu, protocol, run.ceilings, only, link_gbps)
+        progress("plan", {"total": sum(len(g.tasks) for g in groups.values()), "variants": list(groups)})
+
+        run.crossing = crossing
+        progress("note", {"message": f"crossing: {run.crossing}"})
+        oracle.start()  # on a CPU: its start (seconds of imports) goes on beside the first variant's child's
         run.answers = Answers(oracle, timeout_s, default_budget(device))
-        _measure(run, groups, protocol, timeout_s, progress, checkpoint)
+        _measure(run, groups, protocol, timeout_s, progress, checkpoint, first)
     if parts:  # the points kept from the run cut short: those of this plan, not every one that run held
         parts[-1].points = sum(1 for g in groups.values() for _, p in g.outcomes if p.harness and p.harness.kept)
     run.sources = sources_of(Path(path), case, run.sources, run.loaded)
@@ -125,12 +140,13 @@ def _ceilings(resumed: Result | None, given: dict | None) -> tuple[Ceilings, str
 
 
 def _measure(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float, progress: Progress,
-             checkpoint) -> None:
+             checkpoint, first: Worker | None = None) -> None:
     """Every group's tasks, the traffic model's intensity and the paired timings, into `groups` and `run`. After
-    each point, the result as it stands goes to `checkpoint`."""
+    each point, the result as it stands goes to `checkpoint`. `first`: a child started before the plan was known,
+    which the first variant takes where its environment is that variant's."""
     case = run.case
     order = [n for n, g in groups.items() if g.tasks]
-    ahead: Worker | None = None
+    ahead = first if first is not None and order and first.env == _child_env(groups[order[0]], case) else None
     try:
         for n, (name, g) in enumerate(groups.items()):
 
@@ -177,10 +193,17 @@ def _child_env(g: Group, case: Case) -> dict:
     return variant_env(interpreted=on_cpu and not g.timed, devices=case.kernel.devices, cpu=on_cpu and g.timed)
 
 
+def _gpu_child_env(case: Case) -> dict:
+    """The environment of a variant's child timed on a GPU (`_child_env` of such a group), known before the plan."""
+    return variant_env(interpreted=False, devices=case.kernel.devices, cpu=False)
+
+
 def _variant_worker(g: Group, case: Case) -> Worker:
     """The child a variant's tasks run in, not yet started: Triton's interpreter where it is only checked, and the
-    memory its outputs cross in where its device has some to lend."""
-    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g.device)[0])
+    memory its outputs cross in where its device has some to lend; on a GPU, the case's module imported and the
+    device's context made before it greets."""
+    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g.device)[0],
+                  warm=(case.kernel.module, g.device) if g.device == "cuda" else None)
 
 
 def _claims_stage(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float,

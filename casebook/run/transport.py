@@ -465,8 +465,12 @@ def _read_spilled(name, buf, token: str) -> None:
 # --- device memory between tasks ------------------------------------------------------------------------
 
 GARBAGE_BYTES = 2**28
-"""Device memory still allocated after a task, beyond what the process means to keep, above which the cycle
-collector runs before the cache is emptied."""
+"""Device memory still allocated after a task, beyond what the process means to keep and what it holds for good,
+above which the cycle collector runs before the cache is emptied."""
+
+_standing = 0
+"""Device memory this process held after its last full collection beyond what it meant to keep: its own for good
+(the L2 flush buffer, the ceilings' buffers), which no collection frees, so no longer a reason for one."""
 
 
 def give_back_device_memory(keeping: int = 0) -> None:
@@ -476,13 +480,16 @@ def give_back_device_memory(keeping: int = 0) -> None:
     seldom does: on the H200 the reference's child still held the answers of earlier tasks, a variant's child its
     inputs and outputs (34 GB at the softmax case's largest points), and the next process to allocate ran out of
     memory. Where more is still allocated than the `keeping` bytes the process means to hold (the parent's kept
-    answers), the cycles go first (a full collection: 0.1 s in the parent, so not after every task). Never
-    imports torch: a process that has not used a GPU has nothing to give back."""
+    answers) and what it held after its last collection, the cycles go first (a full collection: 0.1 s, which the
+    parent paid at every point while its standing memory was counted as garbage). Never imports torch: a process
+    that has not used a GPU has nothing to give back."""
+    global _standing
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return
-    if torch.cuda.memory_allocated() > keeping + GARBAGE_BYTES:
+    if torch.cuda.memory_allocated() > keeping + _standing + GARBAGE_BYTES:
         gc.collect()
+        _standing = max(0, torch.cuda.memory_allocated() - keeping)
     torch.cuda.empty_cache()
 
 
@@ -679,6 +686,6 @@ def digest(t) -> list[int]:
     blocks = words.sum(dim=1, dtype=torch.int64)
     tail = b[whole * 4:].to(torch.int64)
     weights = torch.arange(1, blocks.numel() + 1, device=b.device, dtype=torch.int64) % 65521 + 1
-    total = int(blocks.sum()) + int(tail.sum())
-    weighted = int(((blocks % _DIGEST_MOD) * weights).sum()) + int((tail * 7).sum())
-    return [n, total, weighted]
+    total = blocks.sum() + tail.sum()
+    weighted = ((blocks % _DIGEST_MOD) * weights).sum() + (tail * 7).sum()
+    return [n, *torch.stack([total, weighted]).tolist()]  # one wait for the device, not four

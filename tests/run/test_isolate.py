@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_transport import _frames, json_dumps  # one pipe of framed messages for both files' tests
 
-from casebook.run.isolate import run_isolated
+from casebook.run.isolate import Worker, run_isolated
 
 pytestmark = pytest.mark.slow  # every test runs child processes
 
@@ -31,6 +31,10 @@ def worker(task: str) -> dict:
         time.sleep(10**6)
     elif task == "raise":
         raise ValueError("bad shape")
+    elif task == "loaded":  # which kernel modules the child had imported before its first task
+        import sys
+
+        return {"status": "ok", "loaded": sorted(m for m in sys.modules if m.startswith("casebook.kernels."))}
     elif task == "env":
         return {"status": "ok", "pid": os.getpid(), "value": os.environ.get("CASEBOOK_TEST_ENV")}
     elif task == "initial env":  # the environment the process started with, as the C library read it
@@ -356,3 +360,15 @@ def test_a_child_that_may_not_spill_sends_everything_down_the_pipe(tmp_path, mon
         assert torch.equal(big["x"], torch.arange(2**19, dtype=torch.float32))
         assert w.request("spill then die", timeout_s=30)["status"] == "crashed"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_child_told_the_case_imports_its_kernel_module_before_it_greets():
+    with Worker(worker, warm=("softmax_fusion", "cpu")) as w:
+        assert "casebook.kernels.softmax_fusion" in w.request("loaded", 60)["loaded"]
+    with Worker(worker) as w:  # not told: nothing imported until a task asks
+        assert w.request("loaded", 60)["loaded"] == []
+
+
+def test_a_warm_up_that_fails_leaves_the_failure_to_the_first_task():
+    with Worker(worker, warm=("no_such_case", "cpu")) as w:
+        assert w.request("a", 60)["task"] == "a"

@@ -233,7 +233,7 @@ class InProcessWorker:
     """Stands for `isolate.Worker`: the reference's child answers in this process; a variant's child is never
     started (every request of one is kept, and answered as a crash)."""
 
-    def __init__(self, worker, env=None, startup_s: float = 120.0, arena=None, spill=True):
+    def __init__(self, worker, env=None, startup_s: float = 120.0, arena=None, spill=True, warm=None):
         self.worker = worker
         self.asked: list = []
         self.receive_s, self.arena, self.crossing_error = 0.0, None, None

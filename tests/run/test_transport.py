@@ -656,3 +656,24 @@ def test_a_message_s_tensors_are_freed_without_the_cycle_collector():
         assert gone() is None and seen() is None
     finally:
         gc.enable()
+
+
+def test_device_memory_a_process_holds_for_good_is_collected_once_then_learned(monkeypatch):
+    """A process that holds memory for good (a flush buffer) pays a full collection after its first task, not after
+    every task; memory beyond that held after a task still sends the cycles to the collector."""
+    import sys
+    import types
+
+    allocated = {"bytes": 3 * transport.GARBAGE_BYTES}
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, memory_allocated=lambda: allocated["bytes"],
+                                 empty_cache=lambda: None)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(transport, "_standing", 0)
+    collections = []
+    monkeypatch.setattr(transport.gc, "collect", lambda: collections.append(allocated["bytes"]))
+    transport.give_back_device_memory()
+    transport.give_back_device_memory(keeping=0)
+    assert len(collections) == 1  # the standing memory learned, not collected again
+    allocated["bytes"] += 2 * transport.GARBAGE_BYTES  # a task's leftovers beyond it
+    transport.give_back_device_memory()
+    assert len(collections) == 2
