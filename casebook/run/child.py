@@ -563,8 +563,15 @@ def _fingerprint(result):
     items = result if type(result) is tuple and result else (result,)
     if any(type(x) is not torch.Tensor for x in items):
         return {"type": type(result).__name__}
-    flat = torch.cat([torch.Tensor.detach(x).flatten().to("cpu", torch.float64) for x in items])
-    return {"type": "Tensor", "tensor": flat[:: max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT].clone()}
+    # Every step-th element of the values one after another, picked where they are: only the sample crosses to
+    # the host (the whole output did, at 1.2 GB/s from a GPU's pageable copy: 12 s of the softmax case's run).
+    n = sum(x.numel() for x in items)
+    picks, pieces, start = torch.arange(0, n, max(1, n // FINGERPRINT))[:FINGERPRINT], [], 0
+    for x in items:
+        mine = picks[(picks >= start) & (picks < start + x.numel())] - start
+        pieces.append(torch.Tensor.detach(x).flatten()[mine.to(x.device)].to("cpu", torch.float64))
+        start += x.numel()
+    return {"type": "Tensor", "tensor": torch.cat(pieces)}
 
 
 def _copy(x):

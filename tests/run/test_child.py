@@ -294,3 +294,14 @@ def test_the_first_blend_of_each_kind_of_inputs_is_made_on_a_copy_before_timing(
     assert len(made) == 1 and made[0]["x"] is not x["x"] and torch.equal(made[0]["x"], x["x"])
     child._warm_blend({"x": torch.ones(4, 8, dtype=torch.bfloat16), "w": torch.ones(8)})
     assert len(made) == 2
+
+
+def test_a_fingerprint_samples_every_step_th_value_across_a_tuples_tensors():
+    import torch
+
+    from casebook.run import child
+
+    a, b = torch.arange(6000.0).reshape(60, 100).t(), torch.arange(6000, 9000, dtype=torch.bfloat16)  # a: a view
+    fp = child._fingerprint((a, b))["tensor"]
+    whole = torch.cat([a.flatten(), b.to(torch.float32)]).to(torch.float64)
+    assert fp.dtype == torch.float64 and torch.equal(fp, whole[:: 9000 // child.FINGERPRINT][: child.FINGERPRINT])
