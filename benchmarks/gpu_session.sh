@@ -94,8 +94,8 @@ case "${1:-}" in
     python3 -c 'import pynvml; pynvml.nvmlInit(); print("nvml: yes")' 2>/dev/null || echo "nvml: no (nvidia-smi a point)"
     timeout 90 python3 benchmarks/explore/method/crossing_probe.py > "$out/logs/probe.txt" 2>&1
     echo "probe: exit $?"; tail -4 "$out/logs/probe.txt"
-    runs=${PACE_RUNS:-fresh cached}  # `cached` alone: with the cache a `pace` call brought back, carried in as
-                                     # .cbcache-in/pace.tgz* (its compiled kernels and ceilings)
+    runs=${PACE_RUNS-fresh cached}  # `cached` alone (or nothing: the cut run and its resumption alone): with the
+                                    # cache a `pace` call brought back, carried in as .cbcache-in/pace.tgz*
     if [ "${runs%% *}" != fresh ] && ls .cbcache-in/pace.tgz* >/dev/null 2>&1; then
       mkdir -p "$CASEBOOK_CACHE" && cat .cbcache-in/pace.tgz* | tar -xz -C "$CASEBOOK_CACHE" && echo "cache: carried in"
     fi
@@ -121,6 +121,11 @@ case "${1:-}" in
       timeout $((end - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --resume \
         > "$out/logs/resumed.txt" 2> "$out/logs/resumed.err"
       echo "resumed: exit $? in $((SECONDS - start)) s"; grep -A1 -E "resum|tasks in" "$out/logs/resumed.err"
+      kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
+      python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead_resumed.txt" 2>&1
+      tail -1 "$out/logs/overhead_resumed.txt"
+      python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare_resumed.txt" 2>&1
+      tail -3 "$out/logs/compare_resumed.txt"
     fi
     if [ "${PACE_CEILINGS:-1}" = 1 ] && [ $SECONDS -lt $((end - 60)) ]; then
       timeout $((end + 25 - SECONDS)) python3 benchmarks/explore/method/ceilings_rested.py > "$out/logs/ceilings.txt" 2>&1
