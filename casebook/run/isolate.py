@@ -80,9 +80,11 @@ def _contain(token: str) -> None:
 
 def warm(module: str, device: str) -> None:
     """What a child does before it greets, where its parent names the case (`Worker`'s `warm`): the case's kernel
-    module imported (Triton, the peers' libraries) and, on a GPU, the device's context made. Started early, a child
-    pays these beside the parent's work; at its first request they were seconds of the first point's wall time (the
-    reference's child's first answer took 6 s on an H200). A failure here is left for the first request to meet."""
+    module imported (Triton, the peers' libraries) and, on a GPU, the device's context made, NVML opened and the
+    profiler that counts launches started once (its first start is a second of host work, later ones a tenth).
+    Started early, a child pays these beside the parent's work; at its first request they were seconds of the first
+    point's wall time (the reference's child's first answer took 6 s on an H200). Nothing here runs a kernel: the
+    child may start while another variant is timed. A failure here is left for the first request to meet."""
     import importlib
 
     from casebook.kernels import __name__ as package
@@ -92,7 +94,12 @@ def warm(module: str, device: str) -> None:
         if device == "cuda":
             import torch
 
-            torch.empty(1, device="cuda")
+            from casebook.run.bench import count_launches
+            from casebook.run.interference import gpu_state
+
+            torch.cuda.init()
+            gpu_state()
+            count_launches(lambda: None)
     except Exception:
         pass
 
