@@ -50,6 +50,16 @@ pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file)
   fi
 }
 
+cost_of_kept() {  # cost_of_kept NAME: the softmax run kept last, its harness cost a point and its medians against
+                  # the committed result
+  local kept
+  kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
+  python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead_$1.txt" 2>&1
+  tail -1 "$out/logs/overhead_$1.txt"
+  python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare_$1.txt" 2>&1
+  tail -3 "$out/logs/compare_$1.txt"
+}
+
 case "${1:-}" in
   case)  # a case: its GPU-only tests first where named (they compile what the run will time), then the run
     name=${2:?usage: $0 case CASE [TESTS [K]]}
@@ -109,11 +119,7 @@ case "${1:-}" in
       timeout $((SECONDS + 330 < end ? 330 : end - SECONDS)) "${spy[@]}" python3 -m casebook.cli run \
         cases/softmax_fusion.yaml > "$out/logs/softmax_$run.txt" 2> "$out/logs/softmax_$run.err"
       echo "softmax run ($run): exit $? in $((SECONDS - start)) s"; grep -A1 -E "tasks in|crossing" "$out/logs/softmax_$run.err"
-      kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
-      python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead_$run.txt" 2>&1
-      tail -1 "$out/logs/overhead_$run.txt"
-      python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare_$run.txt" 2>&1
-      tail -3 "$out/logs/compare_$run.txt"
+      cost_of_kept "$run"
       spy=()
       [ $SECONDS -lt $((end - 150)) ] || break
     done
@@ -124,11 +130,7 @@ case "${1:-}" in
       timeout $((end - SECONDS)) python3 -m casebook.cli run cases/softmax_fusion.yaml --resume \
         > "$out/logs/resumed.txt" 2> "$out/logs/resumed.err"
       echo "resumed: exit $? in $((SECONDS - start)) s"; grep -A1 -E "resum|tasks in" "$out/logs/resumed.err"
-      kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
-      python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead_resumed.txt" 2>&1
-      tail -1 "$out/logs/overhead_resumed.txt"
-      python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare_resumed.txt" 2>&1
-      tail -3 "$out/logs/compare_resumed.txt"
+      cost_of_kept resumed
     fi
     if [ "${PACE_CEILINGS:-1}" = 1 ] && [ $SECONDS -lt $((end - 60)) ]; then
       timeout $((end + 25 - SECONDS)) python3 benchmarks/explore/method/ceilings_rested.py > "$out/logs/ceilings.txt" 2>&1
