@@ -575,3 +575,51 @@ def test_an_answer_that_makes_no_record_crashes_its_task_and_replaces_its_child(
     assert out.model_dump(exclude_unset=True).keys() == {*at, "status", "error"}
     ok = Point(**at, status="checked", correct=True, max_rel_err=0.0)
     assert orchestrate._sound(task, lambda: ok, Child()) is ok and closed == [True]
+
+
+def test_a_gpu_run_starts_the_reference_and_the_first_variant_before_the_ceilings(monkeypatch):
+    """On a GPU the two children import the case's module and open the device beside the ceilings' measurement;
+    the first variant takes the child started for it, and every child of a GPU variant is told to warm up."""
+    from test_resume import CEILINGS, InProcessWorker
+
+    from casebook.claims import Unpaired
+    from casebook.run import hardware
+    from casebook.run.oracle import work as oracle_work
+
+    events: list[tuple] = []
+
+    def execute(tasks, *, on_done=None, **kw):  # no child runs anything: every task crashed
+        out = [Point(variant=t.variant, shape=t.shape, dtype=t.dtype, status="crashed", error="stub")
+               if t.kind == "point" else Unpaired("crashed", "stub") if t.kind == "pair"
+               else Scenario(status="crashed", error="stub") for t in tasks]
+        for i, record in enumerate(out):
+            if on_done is not None:
+                on_done(i, record)
+        return out
+
+    class Recording(InProcessWorker):
+        def __init__(self, worker, env=None, startup_s=120.0, arena=None, spill=True, warm=None):
+            super().__init__(worker, env, startup_s, arena, spill, warm)
+            self.env, self.warm, self.started = dict(env or {}), warm, False
+
+        def start(self):
+            if not self.started:
+                events.append(("start", "reference" if self.worker is oracle_work else "variant", self.warm))
+            self.started = True
+
+        def release(self):
+            pass
+
+    gpu = hardware.identify().model_copy(update={"kind": "gpu", "slug": "nvidia-h200", "name": "NVIDIA H200"})
+    monkeypatch.setattr(orchestrate.hardware, "identify", lambda devices=1: gpu)
+    monkeypatch.setattr(orchestrate, "_ceilings", lambda resumed, given: (
+        events.append(("ceilings",)), (Ceilings.model_validate(CEILINGS), "given"))[1])
+    monkeypatch.setattr(orchestrate, "Worker", Recording)
+    monkeypatch.setattr(orchestrate, "execute", execute)
+    orchestrate.run_case(SOFTMAX, quick=True, ceilings=CEILINGS)
+    warm = ("softmax_fusion", "cuda")
+    assert events[:3] == [("start", "reference", warm), ("start", "variant", warm), ("ceilings",)]
+    variants = [e for e in events if e[:2] == ("start", "variant")]
+    groups = plan.plan(load_case(SOFTMAX), True, QUICK, Ceilings.model_validate(CEILINGS), None, None)
+    assert len(variants) == sum(1 for g in groups.values() if g.tasks)  # the first child served the first variant
+    assert all(e[2] == warm for e in variants)
