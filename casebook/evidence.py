@@ -23,7 +23,7 @@ from casebook.case import SpeedupClaim
 from casebook.claims import Paired, evaluate, pair_key
 from casebook.result import Ceilings, ClaimOutcome, Datasheet, Point, Result, first_error, shape_label
 from casebook.results import ResultError, load
-from casebook.roofline import FasterThanPhysics, Roofs, compute_roof, launch_count, place
+from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
 
 MAX_BYTES = 32 * 2**20
 """The largest result file read (the stored ones are a few hundred KB)."""
@@ -92,8 +92,7 @@ def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None)
     if not (_finite(p.flops) and _finite(p.bytes) and p.flops >= 0 and p.bytes >= 0):
         return [f"{_label(p)}: no traffic (FLOPs and bytes) to place it by"]
     link_ok = _finite(link_gbps) and link_gbps > 0
-    roofs = Roofs(compute_roof(measured.matmul_tflops, p.dtype), measured.copy_gbps, measured.launch_us,
-                  link_gbps=link_gbps if link_ok else None, graph_launch_us=measured.graph_launch_us or 0.0)
+    roofs = Roofs.under(measured, p.dtype, link_gbps if link_ok else None)
     if not (all(_finite(v) and v > 0 for v in (roofs.compute_tflops, roofs.bandwidth_gbps, roofs.launch_us))
             and _finite(roofs.graph_launch_us) and roofs.graph_launch_us >= 0):
         return [f"{_label(p)}: the result's measured ceilings are incomplete"]

@@ -47,6 +47,14 @@ class Roofs:
         """FLOP per byte at which the compute and bandwidth roofs meet."""
         return ridge_point(self.compute_tflops, self.bandwidth_gbps)
 
+    @classmethod
+    def under(cls, ceilings: Ceilings, dtype: str, link_gbps: float | None = None) -> "Roofs":
+        """The roofs a point in `dtype` is held to under measured `ceilings` (and a multi-device case's measured
+        link): where the run places it (`run.plan`) and where a stored point is placed again (`evidence`)."""
+        return cls(compute_roof(ceilings.matmul_tflops, dtype), ceilings.copy_gbps, ceilings.launch_us,
+                   link_gbps=link_gbps or None, graph_launch_us=ceilings.graph_launch_us,
+                   busy=bool(ceilings.unstable))
+
 
 def ridge_point(compute_tflops: float, bandwidth_gbps: float) -> float:
     """FLOP per byte at which a compute roof (TFLOP/s) and a bandwidth roof (GB/s) meet."""

@@ -11,7 +11,7 @@ from casebook import paths
 from casebook.case import Case, Variant
 from casebook.levels import Scenario
 from casebook.result import Ceilings, Point, shape_label
-from casebook.roofline import Roofs, compute_roof
+from casebook.roofline import Roofs
 from casebook.run.bench import Protocol
 from casebook.run.child import PairTask, ScenarioTask, Task
 from casebook.run.oracle import OracleTask
@@ -28,12 +28,6 @@ def placement(variant: Variant, on_gpu: bool) -> tuple[str, bool] | None:
     if "interpreter" in variant.backends:
         return "cpu", False
     return None
-
-
-def _roofs(ceilings: Ceilings, dtype: str, link_gbps: float | None = None) -> Roofs:
-    return Roofs(compute_tflops=compute_roof(ceilings.matmul_tflops, dtype), bandwidth_gbps=ceilings.copy_gbps,
-                 launch_us=ceilings.launch_us, link_gbps=link_gbps or None, graph_launch_us=ceilings.graph_launch_us,
-                 busy=bool(ceilings.unstable))
 
 
 @dataclass
@@ -76,10 +70,11 @@ def plan(case: Case, on_gpu: bool, protocol: Protocol, ceilings: Ceilings, only:
                       tolerance=v.tolerance, reference=v.reference or k.reference, inputs=k.inputs, traffic=k.traffic,
                       devices=k.devices)
         tasks = [Task(shape=s, dtype=d, level="kernel", seed=SEED + i,
-                      roofs=_roofs(ceilings, d, link_gbps), **common)
+                      roofs=Roofs.under(ceilings, d, link_gbps), **common)
                  for i, (s, d) in enumerate((s, d) for s in kernel_shapes for d in lv.kernel.dtypes)]
         tasks += [Task(shape=w.shape, dtype=lv.workload.dtype, level="workload", seed=SEED + 1000 + i,
-                       roofs=_roofs(ceilings, lv.workload.dtype, link_gbps), **common) for i, w in enumerate(workload)]
+                       roofs=Roofs.under(ceilings, lv.workload.dtype, link_gbps), **common)
+                  for i, w in enumerate(workload)]
         if timed and v.name in (lv.end_to_end.baseline, lv.end_to_end.variant):
             tasks.append(ScenarioTask(shape=e2e_shape, dtype=lv.end_to_end.dtype, level="end_to_end",
                               seed=SEED + 2000, scenario=lv.end_to_end.scenario,
