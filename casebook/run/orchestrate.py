@@ -87,8 +87,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         if early:  # the reference's child and the first variant's start now, beside the ceilings: their imports and
             # the device's context are seconds of host work the first point waited for (a CPU run starts each in
             # turn, a start would take a core from the ceilings; a multi-device case measures its link first)
-            first = children.enter_context(Worker(measure_work, _gpu_child_env(case),
-                                                  arena=transport.arena_for(device)[0], warm=warm))
+            first = children.enter_context(_variant_worker(case, device, timed=True))
             oracle.start()
             first.start()
         progress("ceilings", {"hardware": ident.name})
@@ -142,11 +141,12 @@ def _ceilings(resumed: Result | None, given: dict | None) -> tuple[Ceilings, str
 def _measure(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float, progress: Progress,
              checkpoint, first: Worker | None = None) -> None:
     """Every group's tasks, the traffic model's intensity and the paired timings, into `groups` and `run`. After
-    each point, the result as it stands goes to `checkpoint`. `first`: a child started before the plan was known,
-    which the first variant takes where its environment is that variant's."""
+    each point, the result as it stands goes to `checkpoint`. `first`: a GPU variant's child started before the plan
+    was known, which the first variant takes where it runs on the GPU (every GPU variant's child is made alike,
+    `_variant_worker`)."""
     case = run.case
     order = [n for n, g in groups.items() if g.tasks]
-    ahead = first if first is not None and order and first.env == _child_env(groups[order[0]], case) else None
+    ahead = first if order and groups[order[0]].device == "cuda" else None
     try:
         for n, (name, g) in enumerate(groups.items()):
 
@@ -159,16 +159,17 @@ def _measure(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: 
             if not g.tasks:  # a variant with no backend here
                 continue
             t0 = time.perf_counter()
-            worker = ahead if ahead is not None else _variant_worker(g, case)
+            worker = ahead if ahead is not None else _variant_worker(case, g.device, g.timed)
             worker.start()  # the first variant's child starts beside the reference's; the others have started
             following = order[order.index(name) + 1:]
             # On a GPU the next variant's child starts now, its start overlapping this variant's GPU work; a CPU
             # run starts each child in turn (a start would take a core from the timing).
-            ahead = _variant_worker(groups[following[0]], case) if run.on_gpu and following else None
-            if ahead is not None:
+            ahead = None
+            if run.on_gpu and following:
+                ahead = _variant_worker(case, groups[following[0]].device, groups[following[0]].timed)
                 ahead.start()
-            execute(g.tasks, timeout_s=timeout_s, env=_child_env(g, case), on_done=done, loaded=run.loaded,
-                    answers=run.answers, reuse=run.reuse, worker=worker)
+            execute(g.tasks, timeout_s=timeout_s, env=_child_env(case, g.device, g.timed), on_done=done,
+                    loaded=run.loaded, answers=run.answers, reuse=run.reuse, worker=worker)
             _variant_done(g, name, t0, progress)
     finally:
         if ahead is not None:  # cut short: the child started for the next variant ends too
@@ -187,23 +188,19 @@ def _variant_done(g: Group, name: str, t0: float, progress: Progress) -> None:
                          "crossing": sorted({h.crossing for h in costs if h.crossing})})
 
 
-def _child_env(g: Group, case: Case) -> dict:
-    """A variant's child's environment (`variant_env`)."""
-    on_cpu = g.device == "cpu"
-    return variant_env(interpreted=on_cpu and not g.timed, devices=case.kernel.devices, cpu=on_cpu and g.timed)
+def _child_env(case: Case, device: str, timed: bool) -> dict:
+    """The environment of a variant's child on `device` (`variant_env`): a CPU's checks through Triton's
+    interpreter, its timings with a warm allocator."""
+    on_cpu = device == "cpu"
+    return variant_env(interpreted=on_cpu and not timed, devices=case.kernel.devices, cpu=on_cpu and timed)
 
 
-def _gpu_child_env(case: Case) -> dict:
-    """The environment of a variant's child timed on a GPU (`_child_env` of such a group), known before the plan."""
-    return variant_env(interpreted=False, devices=case.kernel.devices, cpu=False)
-
-
-def _variant_worker(g: Group, case: Case) -> Worker:
-    """The child a variant's tasks run in, not yet started: Triton's interpreter where it is only checked, and the
-    memory its outputs cross in where its device has some to lend; on a GPU, the case's module imported and the
-    device's context made before it greets."""
-    return Worker(measure_work, _child_env(g, case), arena=transport.arena_for(g.device)[0],
-                  warm=(case.kernel.module, g.device) if g.device == "cuda" else None)
+def _variant_worker(case: Case, device: str, timed: bool) -> Worker:
+    """The child a variant's tasks run in, not yet started: its environment (`_child_env`), and the memory its
+    outputs cross in where its device has some to lend; on a GPU, the case's module imported and the device's
+    context made before it greets."""
+    return Worker(measure_work, _child_env(case, device, timed), arena=transport.arena_for(device)[0],
+                  warm=(case.kernel.module, device) if device == "cuda" else None)
 
 
 def _claims_stage(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float,
