@@ -57,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         wall, timed, first = (sum(r[i] for r in found) for i in (4, 5, 6))
         worst = max(found, key=lambda r: r[10])
         # each variant's first point also pays its process's first uses of the device: the rest apart
-        firsts = {id(next(r for r in found if r[1] == v)) for v in {r[1] for r in found}}
-        rest = [r[10] for r in found if id(r) not in firsts]
+        seen, rest = set(), []
+        for r in found:
+            if r[1] in seen:
+                rest.append(r[10])
+            seen.add(r[1])
         variants = ", ".join(f"{v.name} {v.wall_s:.1f} s ({v.timed_s:.2f} timed)" for v in result.variants
                              if v.wall_s is not None)
         print(f"{result.case_id} on {result.hardware.slug} ({result.protocol.transport or 'crossing not recorded'}): "
