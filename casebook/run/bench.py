@@ -17,6 +17,7 @@ host's, as it would in a loop.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,8 @@ class Step:
     """After the flush: the ranks of a multi-device case meet (`Protocol.rank_barrier`)."""
     sleep_cycles: int = 0
     ts: int = 0
-    """When the device-side delay was issued, in ns: a call issued later than the delay lasts ran late."""
+    """In ns, when the device-side delay's wait began: before the flush is issued (after the ranks met, with
+    `align`). A call returned later than the flush and the delay last ran late."""
     start: object = None
     end: object = None
     sync: str | None = None
@@ -143,32 +145,40 @@ def drive(call: Callable[[], object], schedule) -> object:
     here, in this one frame, and return the schedule's value.
 
     A check, a warm-up call, a timed repetition and a call after timing are the same frame with the same
-    caller: a function that inspects its call stack cannot tell them apart (docs/method.md, "The trust
-    boundary")."""
+    caller, each with the cycle collector paused: a function that inspects its call stack or the collector cannot
+    tell them apart (docs/method.md, "The trust boundary")."""
     try:
         step = next(schedule)
     except StopIteration as e:
         return e.value
+    collecting = gc.isenabled()
     while True:
         if step.prepare is not None:
             step.prepare()
-        if step.flush is not None:
-            step.flush()
-        if step.align is not None:
-            step.align()
-        if step.sleep_cycles:
-            step.ts = _perf_counter_ns()
-            torch.cuda._sleep(step.sleep_cycles)
-        if step.start is not None:
-            _event_record(step.start)
-        step.t0 = _perf_counter_ns()
-        out = call()
-        step.t1 = _perf_counter_ns()
-        if step.end is not None:
-            _event_record(step.end)
-        if step.sync:
-            _sync(step.sync)
-        step.t2 = _perf_counter_ns()
+        gc.disable()  # as timeit: a collection set off by the call's allocations would land in its time or delay
+        try:
+            if step.sleep_cycles:  # before the flush is issued: on an idle device the delay ends no sooner than
+                step.ts = _perf_counter_ns()  # the flush's time and its own after this (stamped after the flush, a
+            if step.flush is not None:  # call up to the flush's issue time late passed as on time)
+                step.flush()
+            if step.align is not None:
+                step.align()
+                step.ts = _perf_counter_ns()  # the ranks met, each after waiting for its device: the delay starts
+            if step.sleep_cycles:
+                torch.cuda._sleep(step.sleep_cycles)
+            if step.start is not None:
+                _event_record(step.start)
+            step.t0 = _perf_counter_ns()
+            out = call()
+            step.t1 = _perf_counter_ns()
+            if step.end is not None:
+                _event_record(step.end)
+            if step.sync:
+                _sync(step.sync)
+            step.t2 = _perf_counter_ns()
+        finally:
+            if collecting:
+                gc.enable()
         try:
             step = schedule.send(out)
         except StopIteration as e:
@@ -347,7 +357,9 @@ def _cuda_sampler(flush: bool, slack: float, prepare=None, align=None):
     has run, so a call is late only past the flush's time and the delay's together."""
     flusher = _get_flusher() if flush else None
     cycles = int(slack * 2000)  # at least `slack` us at any SM clock up to 2 GHz
-    late_us = slack + (_flush_us() if flush else 0.0)  # the delay starts once the flush before it has run
+    # the delay starts once the flush issued after `Step.ts` has run; after a meeting of ranks (`align`, which waits
+    # for the device) at once
+    late_us = slack + (_flush_us() if flush and align is None else 0.0)
 
     def sample(n: int, observe):
         steps = [Step(prepare=prepare, flush=flusher, align=align, sleep_cycles=cycles,

@@ -1,5 +1,6 @@
 """The timer's protocol: the host's issue time measured in warm-up and hidden behind the device-side delay."""
 
+import gc
 import time
 
 import pytest
@@ -81,6 +82,52 @@ def test_the_drive_stamps_when_the_delay_was_issued(monkeypatch):
 
     bench.drive(lambda: time.sleep(0.001), schedule())
     assert 0 < step.ts <= step.t0 < step.t1 and step.t1 - step.ts >= 1_000_000
+
+
+def test_the_delay_is_stamped_before_the_flush_so_a_late_call_cannot_hide_in_the_flushs_issue(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+    flushed = []
+    step = bench.Step(sleep_cycles=1000, flush=lambda: (time.sleep(0.002), flushed.append(time.perf_counter_ns())))
+
+    def schedule():
+        yield step
+
+    bench.drive(lambda: None, schedule())
+    assert step.ts < flushed[0] and flushed[0] - step.ts >= 2_000_000  # the flush's issue counts against the call
+
+
+def test_after_the_ranks_meet_the_delay_is_stamped_at_the_meeting(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "_sleep", lambda cycles: None)
+    met = []
+    step = bench.Step(sleep_cycles=1000, flush=lambda: time.sleep(0.002),
+                      align=lambda: met.append(time.perf_counter_ns()))
+
+    def schedule():
+        yield step
+
+    bench.drive(lambda: None, schedule())
+    assert step.ts >= met[0]  # the meeting waited for the device: its flush is done, the delay starts here
+
+
+def test_every_call_runs_with_the_cycle_collector_paused_and_it_resumes_after():
+    seen = []
+
+    def schedule():
+        for _ in range(3):  # a check, a warm-up call and a timed repetition alike
+            yield bench.Step(prepare=lambda: seen.append(("prepare", gc.isenabled())))
+
+    assert gc.isenabled()
+    bench.drive(lambda: seen.append(("call", gc.isenabled())), schedule())
+    assert seen == [("prepare", True), ("call", False)] * 3 and gc.isenabled()
+
+
+def test_a_call_that_raises_leaves_the_collector_running():
+    def schedule():
+        yield bench.Step()
+
+    with pytest.raises(ZeroDivisionError):
+        bench.drive(lambda: 1 / 0, schedule())
+    assert gc.isenabled()
 
 
 def test_a_fixed_delay_is_kept_as_given(fake_gpu):
