@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from casebook.kernels.device import INTERPRET, compiled, num_sms, on_device, reference_device
+from casebook.kernels.device import INTERPRET, autotune, compiled, num_sms, on_device, reference_device
 from casebook.traffic import Term
 
 LOG2E = 1.4426950408889634
@@ -357,9 +357,9 @@ def _prune_prefill(configs, named_args, **kwargs):
 
 
 PREFILL_KEY = ["SQ", "SKV", "HEAD_DIM", "CAUSAL", "GROUP"]
-_flash_fwd = triton.autotune(configs=_prefill_configs(), key=PREFILL_KEY,
+_flash_fwd = autotune(configs=_prefill_configs(), key=PREFILL_KEY,
                              prune_configs_by={"early_config_prune": _prune_prefill})(_flash_fwd_kernel)
-_flash_fwd_tma = triton.autotune(configs=_prefill_configs(), key=PREFILL_KEY + ["WARP_SPECIALIZE"],
+_flash_fwd_tma = autotune(configs=_prefill_configs(), key=PREFILL_KEY + ["WARP_SPECIALIZE"],
                                  prune_configs_by={"early_config_prune": _prune_prefill})(_flash_fwd_tma_kernel)
 
 
@@ -525,7 +525,7 @@ def _decode_configs() -> list:
 
 
 DECODE_KEY = ["SKV", "CHUNK", "SPLITS", "ROWS", "HEAD_DIM", "DIRECT", "FUSED"]
-_decode_split_tuned = triton.autotune(configs=_decode_configs(), key=DECODE_KEY)(_decode_split)
+_decode_split_tuned = autotune(configs=_decode_configs(), key=DECODE_KEY)(_decode_split)
 
 
 MIN_CHUNK = 16 if INTERPRET else 256

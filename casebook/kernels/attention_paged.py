@@ -46,7 +46,7 @@ import triton.language as tl
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_decode
 from casebook.kernels.attention_common import LOG2E, _attend, _combine_rows
-from casebook.kernels.device import INTERPRET, num_sms, on_device
+from casebook.kernels.device import INTERPRET, autotune, num_sms, on_device
 from casebook.traffic import Term, Traffic
 
 ORDERS = {1: "in order", 2: "interleaved", 3: "shuffled"}
@@ -288,7 +288,7 @@ def _configs() -> list:
             for bn, w, st in ((64, 4, 3), (64, 4, 4), (128, 4, 3))]
 
 
-_paged_decode_tuned = triton.autotune(configs=_configs(),
+_paged_decode_tuned = autotune(configs=_configs(),
                                       key=["CHUNK", "SPLITS", "ROWS", "HEAD_DIM", "PAGE", "STATIC_PAGE", "DIRECT"])(
     _paged_decode)
 

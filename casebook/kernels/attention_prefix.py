@@ -45,7 +45,7 @@ from casebook.kernels import attention_decode
 from casebook.kernels import attention_paged as ap
 from casebook.kernels.attention_common import LOG2E
 from casebook.kernels.attention_paged import _load_group, paged_tiles_static
-from casebook.kernels.device import INTERPRET, num_sms
+from casebook.kernels.device import INTERPRET, autotune, num_sms
 from casebook.traffic import Term, Traffic
 
 PAGE = 16
@@ -237,8 +237,8 @@ def _configs(prefix_pass: bool) -> list:
     return [triton.Config({"BLOCK_N": bn}, num_warps=4, num_stages=st) for bn, st in ((64, 3), (128, 3))]
 
 
-_prefix_pass_tuned = triton.autotune(configs=_configs(True), key=["CHUNK", "TILES", "HEAD_DIM", "PAGE"])(_prefix_pass)
-_suffix_pass_tuned = triton.autotune(configs=_configs(False), key=["SHARED", "SPLITS", "ROWS", "HEAD_DIM", "FUSED"])(
+_prefix_pass_tuned = autotune(configs=_configs(True), key=["CHUNK", "TILES", "HEAD_DIM", "PAGE"])(_prefix_pass)
+_suffix_pass_tuned = autotune(configs=_configs(False), key=["SHARED", "SPLITS", "ROWS", "HEAD_DIM", "FUSED"])(
     _suffix_pass)
 
 BLOCK_M = 16 if INTERPRET else 64

@@ -331,7 +331,7 @@ def _prune_split(configs, named_args, **kwargs):
 
 _split_tuned = triton.heuristics(
     {"MAX_CHUNKS": lambda a: triton.next_power_of_2(triton.cdiv(a["n_cols"], a["CHUNK"]))})(_split_kernel)
-_split_tuned = triton.autotune(_split_configs(), key=["n_cols", "n_rows"],
+_split_tuned = device.autotune(_split_configs(), key=["n_cols", "n_rows"],
                                prune_configs_by={"early_config_prune": _prune_split})(_split_tuned)
 
 SMALLEST_CHUNK = 4096

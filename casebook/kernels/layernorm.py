@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from casebook.kernels.device import INTERPRET, compiled, num_sms, on_device, peer
+from casebook.kernels.device import INTERPRET, autotune, compiled, num_sms, on_device, peer
 from casebook.traffic import Term, Traffic
 
 EPS = 1e-5
@@ -218,7 +218,7 @@ def _prune_rows(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
-_rows_tuned = triton.autotune(_rows_configs(), key=["n_cols", "n_rows"],
+_rows_tuned = autotune(_rows_configs(), key=["n_cols", "n_rows"],
                               prune_configs_by={"early_config_prune": _prune_rows})(_rows_kernel)
 
 

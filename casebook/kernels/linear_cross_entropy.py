@@ -209,7 +209,7 @@ def _inplace_split_kernel(x_ptr, t_ptr, loss_ptr, n_valid_ptr, m_ptr, s_ptr, sx_
 _inplace_tuned = triton.heuristics(
     {"MAX_CHUNKS": lambda a: triton.next_power_of_2(triton.cdiv(a["n_cols"], a["CHUNK"]))})(_inplace_split_kernel)
 # restore_value: the autotuner times each configuration on the same logits, which each run overwrites.
-_inplace_tuned = triton.autotune(_split_configs(), key=["n_cols", "n_rows"], restore_value=["x_ptr"],
+_inplace_tuned = device.autotune(_split_configs(), key=["n_cols", "n_rows"], restore_value=["x_ptr"],
                                  prune_configs_by={"early_config_prune": _prune_split})(_inplace_tuned)
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from casebook.kernels.device import INTERPRET, compiled, on_device
+from casebook.kernels.device import INTERPRET, autotune, compiled, on_device
 from casebook.traffic import Term, Traffic
 
 try:  # Triton >= 3.4: host-side tensor descriptors (TMA on sm90+; the interpreter emulates them)
@@ -237,7 +237,7 @@ def _prune_tuned(configs, named_args, **kwargs):
     return kept or configs[:2]
 
 
-_tile_tuned = triton.autotune(_tuned_configs(), key=["R", "C", "D"],
+_tile_tuned = autotune(_tuned_configs(), key=["R", "C", "D"],
                               prune_configs_by={"early_config_prune": _prune_tuned})(_tile_kernel)
 
 

@@ -36,3 +36,21 @@ def test_peer_says_why_it_cannot_run():
         device.peer("no_such_peer.ops", torch.empty(1), "a peer")
     with pytest.raises(NotImplementedError, match="a peer runs on a GPU only"):
         device.peer("torch.nn", torch.empty(1), "a peer")
+
+
+def test_autotune_times_each_candidate_for_the_shorter_window(monkeypatch):
+    import triton
+    import triton.testing
+
+
+    asked = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: asked.append(kw) or [1.0, 1.0, 1.0])
+
+    @triton.jit
+    def _noop(x_ptr, BLOCK: triton.language.constexpr):
+        pass
+
+    tuned = device.autotune([triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=[])(_noop)
+    assert tuned.do_bench(lambda: None, quantiles=(0.5, 0.2, 0.8)) == [1.0, 1.0, 1.0]
+    assert asked == [{"warmup": device.TUNE_WARMUP_MS, "rep": device.TUNE_REP_MS, "quantiles": (0.5, 0.2, 0.8)}]
+    assert device.TUNE_REP_MS < 100  # Triton's own default, which a fresh machine paid at every shape of a ladder
