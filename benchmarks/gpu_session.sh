@@ -83,12 +83,13 @@ case "${1:-}" in
           # cases in the order wanted (default --all); every results/nvidia-h200 file comes back in
           # results.tgz, the cache (compiled kernels, autotuning picks, the runs cut short) as cache.tgz(.part-*).
           # Carry the last call's cache compressed, as it came back: copy its cache.tgz* into .cbcache-in/ (ignored)
-          # and name `.cbcache-in` in carry; unpacked here, a case measured before compiles and tunes nothing
+          # (a `pace` call's too) and name `.cbcache-in` in carry; unpacked here, a case measured before compiles
+          # and tunes nothing
           # (rmsnorm: 216 s with it, 325 s without, on an H200)
     end=${DEADLINE:-540}
-    if ls .cbcache-in/cache.tgz* >/dev/null 2>&1; then
-      mkdir -p "$CASEBOOK_CACHE" && cat .cbcache-in/cache.tgz* | tar -xz -C "$CASEBOOK_CACHE" && echo "cache: carried in"
-    fi
+    for carried in $(ls .cbcache-in/*.tgz* 2>/dev/null | sed 's/\.tgz.*//' | sort -u); do  # cache, pace: each whole
+      mkdir -p "$CASEBOOK_CACHE" && cat "$carried".tgz* | tar -xz -C "$CASEBOOK_CACHE" && echo "cache: $carried carried in"
+    done
     python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rungs will be skipped"
     timeout -s TERM $((end - 45 - SECONDS)) python3 -m casebook.cli run ${CASES:---all} --save --resume --counters \
       > "$out/logs/book.txt" 2> "$out/logs/book.err"
