@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from casebook.kernels import gelu_fit
-from casebook.kernels.device import autotune
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -225,7 +224,7 @@ def _epilogue(acc, bias_ptr, offs_n, N, HAS_BIAS: tl.constexpr, GELU: tl.constex
 # --- schedule 1: one program per tile, grouped order ---------------------------------------------
 
 
-@autotune(configs=TILED_CONFIGS, key=KEY)
+@triton.autotune(configs=TILED_CONFIGS, key=KEY)
 @triton.heuristics(_EVEN_K)
 @triton.jit
 def _tiled_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
@@ -264,7 +263,7 @@ def _tiled_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
 # --- schedule 2: one or two programs per SM, same grouped order -----------------------------------
 
 
-@autotune(configs=PERSISTENT_CONFIGS, key=KEY)
+@triton.autotune(configs=PERSISTENT_CONFIGS, key=KEY)
 @triton.heuristics(_EVEN_K)
 @triton.jit
 def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
@@ -313,7 +312,7 @@ def _persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
 # --- schedule 3: persistent, tiles moved by TMA --------------------------------------------------
 
 
-@autotune(configs=TMA_CONFIGS, key=KEY, prune_configs_by={"early_config_prune": _prune_tma})
+@triton.autotune(configs=TMA_CONFIGS, key=KEY, prune_configs_by={"early_config_prune": _prune_tma})
 @triton.jit
 def _tma_persistent_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                            HAS_BIAS: tl.constexpr, GELU: tl.constexpr, UPCAST_DOT: tl.constexpr,

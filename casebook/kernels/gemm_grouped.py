@@ -43,7 +43,6 @@ import triton
 import triton.language as tl
 
 from casebook.kernels import gemm_common
-from casebook.kernels.device import autotune
 from casebook.kernels.gemm_common import _mma
 from casebook.traffic import Term, Traffic
 
@@ -209,7 +208,7 @@ def _grouped_configs() -> list[triton.Config]:
             ]]
 
 
-@autotune(configs=_grouped_configs(), key=["TOTAL_M", "N", "K", "E", "USE_TMA"])
+@triton.autotune(configs=_grouped_configs(), key=["TOTAL_M", "N", "K", "E", "USE_TMA"])
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _grouped_kernel(x_ptr, w_ptr, y_ptr, sizes_ptr, TOTAL_M, N, K, E,

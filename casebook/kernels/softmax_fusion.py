@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from casebook.kernels import softmax_cluster
-from casebook.kernels.device import autotune
 from casebook.traffic import Term, Traffic
 
 # --- reference, inputs, traffic ----------------------------------------------------------------
@@ -136,7 +135,7 @@ def _prune_onepass(configs, named_args, **kwargs):
     return kept or configs[:1]
 
 
-_onepass_tuned = autotune(_onepass_configs(), key=["n_cols", "n_rows"],
+_onepass_tuned = triton.autotune(_onepass_configs(), key=["n_cols", "n_rows"],
                                  prune_configs_by={"early_config_prune": _prune_onepass})(_onepass_kernel)
 
 
@@ -265,7 +264,7 @@ def _prune_split(configs, named_args, **kwargs):
 
 _split_row_tuned = triton.heuristics(
     {"MAX_CHUNKS": lambda a: triton.next_power_of_2(triton.cdiv(a["n_cols"], a["CHUNK"]))})(_split_row_kernel)
-_split_row_tuned = autotune(_split_configs(), key=["n_cols", "n_rows"],
+_split_row_tuned = triton.autotune(_split_configs(), key=["n_cols", "n_rows"],
                                    prune_configs_by={"early_config_prune": _prune_split})(_split_row_tuned)
 
 SPLIT_ABOVE = MAX_ONEPASS
