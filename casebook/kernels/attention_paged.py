@@ -131,6 +131,19 @@ def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.G
     return {"q": x["q"], **paged(x["k"], x["v"], page, order, generator), "seq_lens": lens, "k": x["k"], "v": x["v"]}
 
 
+def contiguous_copies(inputs: dict) -> dict:
+    """The contiguous k, v again from the pool, through the block table (`make_inputs.derived`): a blend moves the
+    pool's elements and the copy's apart, and the rungs that read the copy would be judged against a reference that
+    reads the pool. None where the set has no copy."""
+    if "k" not in inputs:
+        return {}
+    length = inputs["k"].shape[2]
+    return {n: gather(inputs[f"{n}_cache"], inputs["block_table"])[:, :, :length] for n in ("k", "v")}
+
+
+make_inputs.derived = contiguous_copies
+
+
 def table_term(b: int, per: int) -> Term:
     return Term("read block_table (batch x pages a sequence x 4 B)", bytes=b * per * 4)
 

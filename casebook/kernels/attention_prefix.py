@@ -85,6 +85,9 @@ def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.G
     return {"q": own["q"], **pool, "seq_lens": lens, "shared": shared, **extra}
 
 
+make_inputs.derived = ap.contiguous_copies  # the per-request rungs' copies, again from the blended pool
+
+
 def traffic(shape: dict, dtype: torch.dtype) -> Traffic:
     """Each byte once: the shared pages' K/V once, each request's own tokens (the prefix's tail past its last whole
     page, the suffix), the block tables, Q read and O written; FLOPs 4 B H d over every request's whole context.

@@ -125,3 +125,17 @@ def test_paged_step_writes_the_new_token_into_its_page_slot():
         torch.testing.assert_close(x["k_cache"][x["block_table"][i, 2], 4], k_new[i])
     out = mod.paged_step(mod.triton_paged_static, **x)
     assert rel(out, base.double()) < BF16
+
+
+def test_a_blended_set_keeps_the_contiguous_copy_equal_to_the_pool():
+    """The contiguous rung reads k, v, the reference the pool: after a blend `make_inputs.derived` writes the copy
+    again from the pool through the block table."""
+    from casebook.run import inputs
+
+    shape = {"batch": 2, "heads": 4, "kv_heads": 2, "seq_kv": 37, "head_dim": 64, "page_size": 16, "order": 3}
+    x = mod.make_inputs(shape, torch.bfloat16, "cpu", torch.Generator().manual_seed(1))
+    k0 = x["k"].clone()
+    inputs.blend(x, 7, inputs.derived_of(mod.make_inputs))
+    assert not torch.equal(x["k"], k0)  # the blend moved it
+    for n in ("k", "v"):
+        assert torch.equal(x[n], mod.gather(x[f"{n}_cache"], x["block_table"])[:, :, :37])
