@@ -35,6 +35,8 @@ def worker(task: str) -> dict:
         import sys
 
         return {"status": "ok", "loaded": sorted(m for m in sys.modules if m.startswith("casebook.kernels."))}
+    elif task == "priority":  # the child's own, and the one threads it started while warming up keep
+        return {"status": "ok", "priority": os.getpriority(os.PRIO_PROCESS, 0)}
     elif task == "env":
         return {"status": "ok", "pid": os.getpid(), "value": os.environ.get("CASEBOOK_TEST_ENV")}
     elif task == "initial env":  # the environment the process started with, as the C library read it
@@ -367,6 +369,25 @@ def test_a_child_told_the_case_imports_its_kernel_module_before_it_greets():
         assert "casebook.kernels.softmax_fusion" in w.request("loaded", 60)["loaded"]
     with Worker(worker) as w:  # not told: nothing imported until a task asks
         assert w.request("loaded", 60)["loaded"] == []
+
+
+def test_a_child_warms_up_at_a_lower_priority_and_takes_its_own_back_where_it_may():
+    """The next variant's child starts while a variant is timed: its warm-up must not take the timing's CPU. In a
+    process of its own, so that a machine that does not let a process raise its priority again leaves this one be."""
+    import subprocess
+    import sys
+
+    from casebook.run.isolate import WARM_NICE
+
+    code = ("import os; from casebook.run import isolate; p = lambda: os.getpriority(os.PRIO_PROCESS, 0); b = p()\n"
+            "with isolate._yielding(): i = p()\n"
+            "print(b, i, p())")
+    before, inside, after = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                    check=True).stdout.split())
+    assert inside == before + WARM_NICE  # lowering one's own priority is always allowed
+    assert after in (before, inside)  # back, or kept low where the system does not let it rise
+    with Worker(worker, warm=("softmax_fusion", "cpu")) as w:  # a real child: warmed low, then as far back
+        assert w.request("priority", 60)["priority"] == after
 
 
 def test_a_warm_up_that_fails_leaves_the_failure_to_the_first_task():
