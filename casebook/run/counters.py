@@ -89,6 +89,11 @@ def _ncu(ncu: str, spec: dict, timeout_s: float) -> subprocess.CompletedProcess 
         return None
 
 
+NO_KERNEL = ("no kernel ran in its profiled call: Nsight Compute profiles kernels, and a copy within one device "
+             "(`copy_`, `clone`) is a copy-engine transfer, so its DRAM bytes were not read")
+"""Why a variant whose call launched no kernel has no counters (the transpose case's `copy` read as 0 bytes)."""
+
+
 def _named(v, base: dict, **fields) -> CounterRow:
     """A variant's row: which variant, at the counters' shape and dtype, and what was found."""
     return CounterRow(variant=v.name, shape=base["shape"], dtype=base["dtype"], **fields)
@@ -99,6 +104,8 @@ def _row(v, base: dict, kernels: list[tuple[str, float, float]] | None, modelled
     """A variant's row from its kernels' (name, read, write) bytes and the modelled bytes; `why` where none."""
     if kernels is None or modelled is None:
         return _named(v, base, error=why)
+    if not kernels:  # nothing measured is not zero bytes measured
+        return _named(v, base, modelled_bytes=float(modelled), error=NO_KERNEL)
     read_b, write_b = sum(k[1] for k in kernels), sum(k[2] for k in kernels)
     total, modelled_b = read_b + write_b, float(modelled)
     return _named(v, base, modelled_bytes=modelled_b, measured_bytes=total, read_bytes=read_b, write_bytes=write_b,

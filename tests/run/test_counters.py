@@ -97,6 +97,21 @@ def test_every_variant_in_one_profiled_process_split_at_the_markers(monkeypatch)
     assert rows["triton_online"].kernels == 1 and rows["triton_online"].read_bytes == 530e6
 
 
+def test_a_call_that_launched_no_kernel_has_no_counters_not_zero_bytes(monkeypatch):
+    def fake_ncu(cmd, **kwargs):  # the copy's call: a copy-engine transfer between its marker and the next
+        out = "\n".join([_said("eager", profiled=True), _said("torch_softmax", profiled=True),
+                         _marked_csv([[(1e9, 1e9)], []]), "CASEBOOK_MODELLED_BYTES=1073741824"])
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
+    rows = {r.variant: r for r in counters.read(load_case(CASE), _ran("eager", "torch_softmax"),
+                                                  progress=lambda msg: None)}
+    assert rows["eager"].measured_bytes == 2e9
+    assert rows["torch_softmax"].measured_bytes is None and rows["torch_softmax"].gap is None
+    assert rows["torch_softmax"].error == counters.NO_KERNEL and rows["torch_softmax"].modelled_bytes == 2**30
+
+
 def test_kernels_that_do_not_split_one_a_variant_are_profiled_a_process_each(monkeypatch):
     alone = []
 
