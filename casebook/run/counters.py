@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Callable
 from casebook.case import Case
 from casebook.result import CounterRow, Result
 from casebook.run.check import TORCH_DTYPES
-from casebook.run.plan import placement
+from casebook.run.plan import placement, variant_env
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 GAP_FLAG = 0.10
@@ -62,8 +63,12 @@ def read(case: Case, result: Result, progress: Callable[[str], None] = print) ->
     base = {"module": case.kernel.module, "inputs": case.kernel.inputs, "traffic": case.kernel.traffic,
             "shape": shape, "dtype": dtype}
     progress(f"counters: {len(todo)} variant(s) under ncu, in one process")
+    # The variants' children's compile caches and autotuning picks: the profiled process runs the kernels the
+    # timing ran (an autotuner choosing afresh there may pick another configuration), and compiles and tunes
+    # nothing a run has already (without them it compiled every kernel and tuned every autotuner again)
+    env = {**os.environ, **variant_env(interpreted=False, devices=case.kernel.devices)}
     try:
-        rows = _together(ncu, base, todo)
+        rows = _together(ncu, base, todo, env)
     except (ValueError, KeyError, TypeError):  # output not as the one process writes it: read it a variant a process
         rows = None
     if rows is None:
@@ -71,7 +76,7 @@ def read(case: Case, result: Result, progress: Callable[[str], None] = print) ->
         rows = []
         for v in todo:
             progress(f"counters: {v.name} under ncu")
-            rows.append(_alone(ncu, base, v))
+            rows.append(_alone(ncu, base, v, env))
     return rows
 
 
@@ -80,11 +85,11 @@ MARK = "spin_kernel"
 process's kernels at (its own DRAM bytes are none, and it is not counted)."""
 
 
-def _ncu(ncu: str, spec: dict, timeout_s: float) -> subprocess.CompletedProcess | None:
+def _ncu(ncu: str, spec: dict, timeout_s: float, env: dict) -> subprocess.CompletedProcess | None:
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--metrics", ",".join(METRICS),
            sys.executable, "-m", "casebook.run.counters", json.dumps(spec)]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return None
 
@@ -112,9 +117,9 @@ def _row(v, base: dict, kernels: list[tuple[str, float, float]] | None, modelled
                   kernels=len(kernels), gap=total / modelled_b - 1, flagged=abs(total / modelled_b - 1) > GAP_FLAG)
 
 
-def _alone(ncu: str, base: dict, v) -> CounterRow:
+def _alone(ncu: str, base: dict, v, env: dict) -> CounterRow:
     """One variant in a profiled process of its own."""
-    proc = _ncu(ncu, {**base, "fn": v.fn}, VARIANT_TIMEOUT_S)
+    proc = _ncu(ncu, {**base, "fn": v.fn}, VARIANT_TIMEOUT_S, env)
     if proc is None:
         return _named(v, base, error=f"ncu timed out after {VARIANT_TIMEOUT_S} s")
     reason = _marked(proc.stdout, "CASEBOOK_NOT_APPLICABLE=")
@@ -124,10 +129,10 @@ def _alone(ncu: str, base: dict, v) -> CounterRow:
                 f"ncu gave no counters (exit {proc.returncode}): {proc.stderr[-300:]}")
 
 
-def _together(ncu: str, base: dict, todo: list) -> list[CounterRow] | None:
+def _together(ncu: str, base: dict, todo: list, env: dict) -> list[CounterRow] | None:
     """Every variant of `todo` in one profiled process, in order, each call behind a marker kernel; None where the
     process did not report every variant (one broke it) or its kernels do not split into one group a variant."""
-    proc = _ncu(ncu, {**base, "variants": [[v.name, v.fn] for v in todo]}, VARIANT_TIMEOUT_S * len(todo))
+    proc = _ncu(ncu, {**base, "variants": [[v.name, v.fn] for v in todo]}, VARIANT_TIMEOUT_S * len(todo), env)
     if proc is None:
         return None
     said = [json.loads(line[len("CASEBOOK_VARIANT="):]) for line in proc.stdout.splitlines()

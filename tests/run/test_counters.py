@@ -97,6 +97,28 @@ def test_every_variant_in_one_profiled_process_split_at_the_markers(monkeypatch)
     assert rows["triton_online"].kernels == 1 and rows["triton_online"].read_bytes == 530e6
 
 
+def test_the_profiled_process_uses_the_runs_compile_caches_and_autotuning_picks(monkeypatch):
+    """Else it compiled every kernel and tuned every autotuner again, and may have profiled another pick."""
+    envs = []
+
+    def fake_ncu(cmd, **kwargs):
+        envs.append(kwargs["env"])
+        out = "\n".join([_said("eager", profiled=True), _marked_csv([[(1e9, 1e9)]]), "CASEBOOK_MODELLED_BYTES=1"])
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CASEBOOK_SOMETHING_OF_THE_CALLER", "kept")
+    monkeypatch.setattr(counters.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(counters.subprocess, "run", fake_ncu)
+    counters.read(load_case(CASE), _ran("eager"), progress=lambda msg: None)
+    from casebook import paths
+
+    assert envs and envs[0]["TRITON_CACHE_DIR"] == str(paths.CACHE_DIR / "triton")
+    assert envs[0]["TORCHINDUCTOR_CACHE_DIR"] == str(paths.CACHE_DIR / "inductor")
+    assert envs[0]["TRITON_CACHE_AUTOTUNING"] == "1" and envs[0]["CASEBOOK_SOMETHING_OF_THE_CALLER"] == "kept"
+
+
 def test_a_call_that_launched_no_kernel_has_no_counters_not_zero_bytes(monkeypatch):
     def fake_ncu(cmd, **kwargs):  # the copy's call: a copy-engine transfer between its marker and the next
         out = "\n".join([_said("eager", profiled=True), _said("torch_softmax", profiled=True),
