@@ -335,11 +335,11 @@ def host_issue_us(fn: Callable[[], object], synced_us: list[float]) -> float:
 
 HOST_SLACK_US = 300.0
 """The least device-side delay before each timed call. Warm-up times the call alone; a repetition also issues
-the flush, the delay and the start event before it (about 35 us on an H200), and the call after a device
-wait (a kept output's checksum) issues slower (90-110 us against 55-60). Behind 100 us, 13-37 of 160
-repetitions of 12-23 us kernels ran late, and where they were the majority the point was unstable (p90/p10 up
-to 6.3); behind 300 us, 0-4 of 160-320, spread 1.05-1.11 (benchmarks/explore/method/late_reps.py). The delay
-costs wall time only: 200 us more a repetition."""
+the flush, the delay and the start event before it (about 35 us on an H200), and a call just after a device
+wait (a kept output's checksum) issues slower (the softmax one-pass kernel's: 89-163 us, p10-p90, against 57-74).
+Behind the 100-207 us delays those rules gave, 13-37 of 80-320 repetitions of 12-23 us kernels ran late, and where
+they were the majority the point was unstable (p90/p10 up to 6.3); behind 300 us, 0-4 of 160-320, spread
+1.05-1.11 (benchmarks/explore/method/late_reps.py). The delay costs wall time only: 200 us more a repetition."""
 
 HOST_SLACK_MARGIN = 1.5
 """The delay covers this many times the p90 of the host's issue time in warm-up: a repetition whose

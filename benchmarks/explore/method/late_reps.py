@@ -29,6 +29,15 @@ For each point the script times three ways (the harness's steps; the same with a
 the late, host time from the flush's issue to the call's return (`t1 - ts`) and from the call's start
 (`t1 - t0`), and how many late repetitions followed a kept output.
 
+Measured on an H200 (slack: the delay the harness's rule gave, 100-207 us):
+A held. Late repetitions are slow on the device (softmax triton_onepass: 21.7/40.1/123.8 us p10/median/p90
+against 12.2/12.4/12.9 on time), 32 of its 37 followed a kept output, and their host time from the flush's
+issue was 143-241 us against 90-122 (the call alone 89-163 against 57-74: slower after the checksum's wait).
+Behind a 300 us delay, 0 of 160-320 repetitions were late at softmax's two points and 3-4 of 320 at layernorm's,
+spread 1.05-1.11. B did not: the late repetitions' device times are the slow ones. C did not: the plain timing's
+spread is 1.07-1.12, its few late repetitions mostly a batch's first. The least delay became 300 us
+(`bench.HOST_SLACK_US`); the book's softmax run then had 62 late repetitions in all, against 1,440 before.
+
     python3 benchmarks/explore/method/late_reps.py          (GPU)
 """
 
