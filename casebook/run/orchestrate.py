@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -288,10 +289,28 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
                 record = _sound(task, lambda: _scenario(task, variant, timeout_s, t0), variant)
             else:
                 record = _sound(task, lambda: _point(task, variant, answers, timeout_s, loaded, t0), variant)
+            if isinstance(record, Point) and record.status == "crashed" and task.device == "cuda":
+                record = record.model_copy(update={"error": with_roles(record.error, {
+                    os.getpid(): "the parent", _pid(answers.oracle): "the reference's child",
+                    _pid(variant): "this variant's child"})})
             out.append(record)
             if on_done is not None:
                 on_done(i, record)
     return out
+
+
+def _pid(worker: Worker) -> int | None:
+    return worker.proc.pid if worker.proc is not None else None
+
+
+def with_roles(error: str | None, roles: dict[int | None, str]) -> str | None:
+    """A device's out-of-memory error with the run's processes named: torch's message names each process holding
+    memory by its pid alone ("Process 1737 has 81.60 GiB memory in use"), and which of the run's it was is what
+    says where the memory went (the reference's answers, the memory lent for outputs, the variant's own)."""
+    if not error or "out of memory" not in error.lower():
+        return error
+    named = ", ".join(f"{pid} {role}" for pid, role in roles.items() if pid is not None)
+    return f"{error} (this run's processes: {named})"
 
 
 MALFORMED = (AttributeError, TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError)

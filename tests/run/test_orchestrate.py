@@ -623,3 +623,14 @@ def test_a_gpu_run_starts_the_reference_and_the_first_variant_before_the_ceiling
     groups = plan.plan(load_case(SOFTMAX), True, QUICK, Ceilings.model_validate(CEILINGS), None, None)
     assert len(variants) == sum(1 for g in groups.values() if g.tasks)  # the first child served the first variant
     assert all(e[2] == warm for e in variants)
+
+
+def test_a_device_out_of_memory_error_names_the_runs_processes():
+    from casebook.run.orchestrate import with_roles
+
+    torch_says = ("crashed: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. Process 1737 has "
+                  "81.60 GiB memory in use. Process 1755 has 624.00 MiB memory in use.")
+    named = with_roles(torch_says, {1700: "the parent", 1737: "the reference's child", None: "this variant's child"})
+    assert named == torch_says + " (this run's processes: 1700 the parent, 1737 the reference's child)"
+    assert with_roles("crashed: ZeroDivisionError", {1700: "the parent"}) == "crashed: ZeroDivisionError"
+    assert with_roles(None, {1700: "the parent"}) is None
