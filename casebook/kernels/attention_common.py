@@ -383,6 +383,10 @@ def tma_supported(*tensors: torch.Tensor) -> bool:
     return True
 
 
+COMPILE_FAILED = "PassManager::run failed"
+"""How Triton's compiler says a pass pipeline failed (a RuntimeError, not a CompilationError)."""
+
+
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, tma: bool = False,
                   warp_specialize: bool = False) -> torch.Tensor:
     """The Triton flash forward: o [batch, heads, seq_q, head_dim] in q's dtype; any strides with a unit last
@@ -400,11 +404,12 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         try:
             _flash_fwd_tma[grid](q, k, v, o, qk_scale, b, h, hkv, h // hkv, sq, skv, *strides,
                                  CAUSAL=causal, HEAD_DIM=d, UPCAST=not q.is_cuda, WARP_SPECIALIZE=warp_specialize)
-        except triton.CompilationError as e:
-            if not warp_specialize:
+        except (triton.CompilationError, RuntimeError) as e:
+            if not warp_specialize or (not isinstance(e, triton.CompilationError) and COMPILE_FAILED not in str(e)):
                 raise
-            # Triton's automatic warp specialisation is not built for every GPU and release: say so (the point
-            # is skipped with the compiler's reason) rather than time the TMA kernel under this rung's name.
+            # Triton's automatic warp specialisation is not built for every GPU and release (Triton 3.6 on an H200:
+            # "PassManager::run failed" in NVGPUWarpSpecialization, a RuntimeError out of the autotuner): say so (the
+            # point is skipped with the compiler's reason) rather than time the TMA kernel under this rung's name.
             raise NotImplementedError(f"this Triton ({triton.__version__}) cannot warp-specialise the K/V loop "
                                       f"here: {str(e).splitlines()[-1][:300]}") from None
     else:

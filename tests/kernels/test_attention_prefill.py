@@ -66,3 +66,28 @@ def test_attention_block_runs_the_kernel_on_strided_views():
     assert base.shape == (1, 20, 256)
     out = mod.attention_block(mod.triton_flash, **inputs)
     assert rel(out, base.double()) < TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("error, skipped", [
+    (RuntimeError("PassManager::run failed"), True),  # Triton 3.6 on the H200, in NVGPUWarpSpecialization
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),  # a real failure stays one
+])
+def test_a_toolchain_that_cannot_warp_specialise_skips_the_rung_with_its_reason(monkeypatch, error, skipped):
+    from casebook.kernels import attention_common as ac
+
+    class Refuses:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise error
+            return launch
+
+    monkeypatch.setattr(ac, "_flash_fwd_tma", Refuses())
+    q, k, v = (torch.randn(1, 2, 64, 64) for _ in range(3))
+    if skipped:
+        with pytest.raises(NotImplementedError, match="cannot warp-specialise the K/V loop here: PassManager"):
+            ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=True)
+    else:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=True)
+    with pytest.raises(RuntimeError):  # the TMA rung without warp specialisation never hides its failure
+        ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=False)
