@@ -134,7 +134,7 @@ def make_inputs(shape: dict, dtype: torch.dtype, device: str, generator: torch.G
 def contiguous_copies(inputs: dict) -> dict:
     """The contiguous k, v again from the pool, through the block table (`make_inputs.derived`): a blend moves the
     pool's elements and the copy's apart, and the rungs that read the copy would be judged against a reference that
-    reads the pool. None where the set has no copy."""
+    reads the pool. Nothing where the set has no copy."""
     if "k" not in inputs:
         return {}
     length = inputs["k"].shape[2]

@@ -81,8 +81,8 @@ def _contain(token: str) -> None:
 WARM_NICE = 10
 """How far a child lowers its priority while it warms up (`_yielding`). A GPU run starts the next variant's child
 while the variant before it is timed; on an H200 host of 16 CPUs a variant's second point waited for a CPU 21%
-of its timing (`casebook.stability` judges over 5% unstable) while the next child was opening the device, and
-a point's timing thread must not lose its CPU to the harness's own start-up."""
+of its timing (`casebook.stability` judges over 5% unstable) while the next child was starting, and a point's
+timing thread must not lose its CPU to the harness's own start-up."""
 
 
 @contextlib.contextmanager
