@@ -4,7 +4,8 @@ reference's answers, the crossing of its outputs and the judging.
 
 Reads kept or stored results (`casebook run` records each point's `harness`); prints a row per point (with
 --points) and a summary line per result: points, the harness's overhead per point (wall less timed less the
-first call: median and worst), the first calls' total, the total wall and timed time, each variant's share.
+first call: median and worst), the first calls' total, the total wall and timed time, the run's span and the
+counters' time after it (the machine time a case took), each variant's share.
 
     python3 benchmarks/harness_overhead.py RESULT.json [RESULT.json ...] [--points]
     python3 benchmarks/harness_overhead.py ~/.cache/casebook/runs/nvidia-h200/softmax_fusion/*.json
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from casebook import results
@@ -34,6 +36,13 @@ def rows(result) -> list[tuple]:
             out.append((level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, timed, first, h.oracle_s or 0.0,
                         h.transport_s or 0.0, h.judge_s or 0.0, h.wall_s - timed - first))
     return out
+
+
+def _span(result) -> str:
+    """The run's span in seconds, from its start to its last point; a resumed run's spans the time between its
+    parts too, and says so."""
+    seconds = (datetime.fromisoformat(result.finished_at) - datetime.fromisoformat(result.started_at)).total_seconds()
+    return f"{seconds:.1f} s" + (f", over {len(result.resumed) + 1} parts" if result.resumed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             if r[1] in seen:
                 rest.append(r[10])
             seen.add(r[1])
+        counters = f", then counters {result.counters_s:.1f} s" if result.counters_s is not None else ""
         variants = ", ".join(f"{v.name} {v.wall_s:.1f} s ({v.timed_s:.2f} timed)" for v in result.variants
                              if v.wall_s is not None)
         print(f"{result.case_id} on {result.hardware.slug} ({result.protocol.transport or 'crossing not recorded'}): "
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
               f"oracle {worst[7]:.3f}, crossing {worst[8]:.3f}, judge {worst[9]:.3f}), past each variant's first point "
               f"{max(rest, default=0.0):.3f} s; points {wall:.1f} s, "
               f"{timed:.1f} s of it timed, {first:.1f} s first calls; run {result.started_at} -> "
-              f"{result.finished_at}; variants: {variants}")
+              f"{result.finished_at} ({_span(result)}){counters}; variants: {variants}")
     return 0
 
 

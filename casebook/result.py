@@ -588,6 +588,9 @@ class Result(Record):
     end_to_end: EndToEndResult = Field(description="Level 3: the scenario with the baseline and the variant.")
     counters: list[CounterRow] = Field(default_factory=list, description="DRAM bytes read by Nsight Compute, if "
                                                                              "asked.")
+    counters_s: float | None = Field(default=None, ge=0, description="Seconds reading the counters took, after "
+                                     "`finished_at` (the profiled process's start included): with the span from "
+                                     "`started_at`, the machine time the run took; absent where none were asked.")
     claims: list[ClaimOutcome] = Field(description="Each claim and whether it held.")
     arithmetic_intensity: IntensityCheck | None = Field(
         default=None, description="The case's declared arithmetic intensity beside its traffic model's at the first "

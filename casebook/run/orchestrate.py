@@ -121,8 +121,9 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     if counters:
         if checkpoint is not None:
             checkpoint(result)
+        t0 = time.perf_counter()
         rows = counters_mod.read(case, result, progress=lambda msg: progress("note", {"message": msg}))
-        result = result.model_copy(update={"counters": rows})
+        result = result.model_copy(update={"counters": rows, "counters_s": round(time.perf_counter() - t0, 1)})
     return result
 
 

@@ -481,6 +481,15 @@ def test_a_counters_stage_cut_short_leaves_the_measured_run_complete(monkeypatch
     assert len(seen[-1].variants) == len(load_case(SOFTMAX).kernel.variants)
 
 
+def test_the_counters_time_is_recorded_beside_the_runs_span(monkeypatch):
+    from casebook.run import counters, orchestrate
+
+    stub_children(monkeypatch)
+    monkeypatch.setattr(counters, "read", lambda case, result, progress: time.sleep(0.2) or [])
+    assert orchestrate.run_case(SOFTMAX, counters=True).counters_s >= 0.2
+    assert orchestrate.run_case(SOFTMAX).counters_s is None  # none asked: none taken
+
+
 def test_hashes_are_taken_when_the_run_starts(tmp_path, monkeypatch):
     """A case edited while its run goes on: the result names the file that started the run, so
     `casebook check` calls it stale instead of current."""
