@@ -175,6 +175,8 @@ def work(task: Task) -> dict:
     torch.backends.cudnn.allow_tf32 = task.dtype == "tf32"
     try:
         mod = importlib.import_module(f"{KERNELS_PACKAGE}.{task.module}")
+        if task.device == "cuda":
+            autotune.compile_ahead(autotune.autotuners(KERNELS_PACKAGE))
         if isinstance(task, ScenarioTask):
             payload = _end_to_end(task, mod)
         elif isinstance(task, PairTask):

@@ -58,3 +58,51 @@ def test_modules_outside_the_package_are_not_searched(monkeypatch):
     mod.tuned = _tuned(winner=0)
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     assert not any(name.startswith("elsewhere") for name in autotune.autotuners("casebook.kernels"))
+
+
+def test_a_kernels_autotuners_compile_ahead_and_still_tune_and_run_as_before(monkeypatch):
+    from triton.runtime.autotuner import Autotuner
+
+    mod = types.ModuleType("casebook.kernels._ahead_fixture")
+    mod.tuned = _tuned(winner=1)
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    tuners = autotune.autotuners("casebook.kernels")
+    autotune.compile_ahead(tuners)
+    autotune.compile_ahead(tuners)  # once is enough: a second pass changes nothing
+    assert type(mod.tuned).__mro__[1] is Autotuner and tuners["_ahead_fixture.tuned"] is mod.tuned
+    x = torch.randn(100)
+    y = torch.empty_like(x)
+    mod.tuned[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, y, 100)
+    assert torch.equal(x, y) and autotune.picks({"t": mod.tuned}) == {"t": "BLOCK=64 warps=2 stages=2"}
+    assert mod.tuned._call_kwargs is None  # nothing of the call kept past it
+
+    order = []
+    monkeypatch.setattr(autotune, "_ahead", lambda tuner, configs: order.append(("compile", len(configs))))
+    mod.tuned.check_disk_cache(None, mod.tuned.configs, lambda: order.append(("time", 2)))  # no key: timed at once
+    assert order == [("compile", 2), ("time", 2)]
+
+
+def test_candidates_are_compiled_ahead_in_threads_each_launching_nothing(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(autotune, "COMPILE_THREADS", 4)
+    seen = []
+
+    def run(*args, **kwargs):
+        seen.append((threading.current_thread() is threading.main_thread(), args, kwargs))
+        if kwargs["BLOCK"] == 64:
+            raise RuntimeError("this candidate does not compile")  # left to the timing, which says so
+
+    tuner = types.SimpleNamespace(fn=types.SimpleNamespace(run=run), nargs={"x_ptr": "x", "n": 7},
+                                  _call_kwargs={"grid": (1,), "warmup": False, "EPS": 0.5})
+    hooked = triton.Config({"BLOCK": 128}, pre_hook=lambda nargs: None)  # its hook is the timing's to call
+    configs = [triton.Config({"BLOCK": b}, num_warps=4) for b in (16, 32, 64)] + [hooked]
+    autotune._ahead(tuner, configs)
+    assert sorted(kw["BLOCK"] for _, _, kw in seen) == [16, 32, 64]
+    assert seen[0][0] and seen[0][2]["BLOCK"] == 16  # the first on the calling thread
+    assert all(args == ("x", 7) and kw["warmup"] is True and kw["EPS"] == 0.5 and kw["num_warps"] == 4
+               for _, args, kw in seen)
+    seen.clear()
+    autotune._ahead(types.SimpleNamespace(fn=types.SimpleNamespace(run=run), nargs={"x_ptr": "x"},
+                                          _call_kwargs=None), configs)
+    assert seen == []  # not inside a call: nothing to compile for
