@@ -43,8 +43,10 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
   grep -iE 'failed|crashed|timeout|unstable' "$out/logs/$case.txt" | grep -v '^  FAILED' | head -8
 }
 
-pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file), in parts small enough to come back
-  tar -czf "$out/cache.tgz" -C "$CASEBOOK_CACHE" . 2>/dev/null
+pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file), in parts small enough to come back;
+                # of the kept runs only those cut short (`--resume` continues them): the complete ones come back in
+                # results.tgz, where `casebook record` can store one the call's limit ended before its save
+  tar -czf "$out/cache.tgz" -C "$CASEBOOK_CACHE" --exclude='./runs/*/*/*.json' . 2>/dev/null
   if [ "$(stat -c %s "$out/cache.tgz")" -gt 15000000 ]; then
     split -b 15000000 "$out/cache.tgz" "$out/cache.tgz.part-" && rm "$out/cache.tgz"
   fi
