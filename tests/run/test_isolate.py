@@ -384,7 +384,7 @@ def test_a_child_warms_up_at_a_lower_priority_and_takes_its_own_back_where_it_ma
             "print(b, i, p())")
     before, inside, after = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                                     check=True).stdout.split())
-    assert inside == before + WARM_NICE  # lowering one's own priority is always allowed
+    assert inside == min(before + WARM_NICE, 19)  # lowering one's own priority is always allowed (to 19)
     assert after in (before, inside)  # back, or kept low where the system does not let it rise
     with Worker(worker, warm=("softmax_fusion", "cpu")) as w:  # a real child: warmed low, then as far back
         assert w.request("priority", 60)["priority"] == after
