@@ -233,6 +233,11 @@ class Worker:
         """Seconds the last request's answer took to read once it began to arrive (header, frames, files, copies
         out of the arena): what the crossing cost."""
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while it lives; None before it starts or once it has ended."""
+        return self.proc.pid if self.proc is not None else None
+
     def start(self) -> None:
         """Start the child now rather than at the first request, without waiting for it: its start (a new
         interpreter importing torch, Triton and casebook, seconds of host work) goes on in its own process while

@@ -80,10 +80,9 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     device = "cuda" if on_gpu else "cpu"
     arena, crossing = transport.arena_for(device)
     early = on_gpu and case.kernel.devices == 1
-    warm = (case.kernel.module, device) if on_gpu else None
     with contextlib.ExitStack() as children:
         oracle = children.enter_context(Worker(oracle_work, variant_env(interpreted=False, devices=case.kernel.devices),
-                                               arena=arena, spill=False, warm=warm))  # one: it runs no variant
+                                               arena=arena, spill=False, warm=_warm(case, device)))  # runs no variant
         first = None
         if early:  # the reference's child and the first variant's start now, beside the ceilings: their imports and
             # the device's context are seconds of host work the first point waited for (a CPU run starts each in
@@ -104,7 +103,7 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
         link_gbps = None
         if case.kernel.devices > 1:  # the devices and their link, measured first on ranks of their own: its roof
             progress("topology", {"devices": case.kernel.devices})
-            ident.topology = measure_topology(case.kernel.devices, "cuda" if on_gpu else "cpu")
+            ident.topology = measure_topology(case.kernel.devices, device)
             link_gbps = ident.topology.bus_gbps
         groups = plan(case, on_gpu, protocol, run.ceilings, only, link_gbps)
         progress("plan", {"total": sum(len(g.tasks) for g in groups.values()), "variants": list(groups)})
@@ -202,7 +201,13 @@ def _variant_worker(case: Case, device: str, timed: bool) -> Worker:
     outputs cross in where its device has some to lend; on a GPU, the case's module imported and the device's
     context made before it greets."""
     return Worker(measure_work, _child_env(case, device, timed), arena=transport.arena_for(device)[0],
-                  warm=(case.kernel.module, device) if device == "cuda" else None)
+                  warm=_warm(case, device))
+
+
+def _warm(case: Case, device: str) -> tuple[str, str] | None:
+    """What a child on `device` opens before it greets (`isolate.warm`): on a GPU, the case's module and the device;
+    on a CPU nothing (a start would take a core from the timing)."""
+    return (case.kernel.module, device) if device == "cuda" else None
 
 
 def _claims_stage(run: Run, groups: dict[str, Group], protocol: Protocol, timeout_s: float,
@@ -292,16 +297,12 @@ def execute(tasks: list[Task], *, timeout_s: float, env: dict, answers: Answers 
                 record = _sound(task, lambda: _point(task, variant, answers, timeout_s, loaded, t0), variant)
             if isinstance(record, Point) and record.status == "crashed" and task.device == "cuda":
                 record = record.model_copy(update={"error": with_roles(record.error, {
-                    os.getpid(): "the parent", _pid(answers.oracle): "the reference's child",
-                    _pid(variant): "this variant's child"})})
+                    os.getpid(): "the parent", answers.oracle.pid: "the reference's child",
+                    variant.pid: "this variant's child"})})
             out.append(record)
             if on_done is not None:
                 on_done(i, record)
     return out
-
-
-def _pid(worker: Worker) -> int | None:
-    return worker.proc.pid if worker.proc is not None else None
 
 
 def with_roles(error: str | None, roles: dict[int | None, str]) -> str | None:
