@@ -43,6 +43,15 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
   grep -iE 'failed|crashed|timeout|unstable' "$out/logs/$case.txt" | grep -v '^  FAILED' | head -8
 }
 
+carry_in() {  # carry_in NAME...: each .cbcache-in/NAME.tgz(.part-*) a call brought back, whole, into the cache
+  local name
+  for name in "$@"; do
+    ls .cbcache-in/"$name".tgz* >/dev/null 2>&1 || continue
+    mkdir -p "$CASEBOOK_CACHE" && cat .cbcache-in/"$name".tgz* | tar -xz -C "$CASEBOOK_CACHE" \
+      && echo "cache: $name carried in"
+  done
+}
+
 pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file), in parts small enough to come back;
                 # of the kept runs only those cut short (`--resume` continues them): the complete ones come back in
                 # results.tgz, where `casebook record` can store one the call's limit ended before its save
@@ -89,9 +98,7 @@ case "${1:-}" in
           # and tunes nothing
           # (rmsnorm: 216 s with it, 325 s without, on an H200)
     end=${DEADLINE:-540}
-    for carried in $(ls .cbcache-in/*.tgz* 2>/dev/null | sed 's/\.tgz.*//' | sort -u); do  # cache, pace: each whole
-      mkdir -p "$CASEBOOK_CACHE" && cat "$carried".tgz* | tar -xz -C "$CASEBOOK_CACHE" && echo "cache: $carried carried in"
-    done
+    carry_in cache pace
     python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rungs will be skipped"
     timeout -s TERM $((end - 45 - SECONDS)) python3 -m casebook.cli run ${CASES:---all} --save --resume --counters \
       > "$out/logs/book.txt" 2> "$out/logs/book.err"
@@ -112,9 +119,7 @@ case "${1:-}" in
     echo "probe: exit $?"; tail -4 "$out/logs/probe.txt"
     runs=${PACE_RUNS-fresh cached}  # `cached` alone (or nothing: the cut run and its resumption alone): with the
                                     # cache a `pace` call brought back, carried in as .cbcache-in/pace.tgz*
-    if [ "${runs%% *}" != fresh ] && ls .cbcache-in/pace.tgz* >/dev/null 2>&1; then
-      mkdir -p "$CASEBOOK_CACHE" && cat .cbcache-in/pace.tgz* | tar -xz -C "$CASEBOOK_CACHE" && echo "cache: carried in"
-    fi
+    [ "${runs%% *}" = fresh ] || carry_in pace
     spy=(); command -v py-spy >/dev/null && spy=(py-spy record --subprocesses --idle --nonblocking --rate 20 --format raw
                                               -o "$out/logs/profile_${runs%% *}.txt" --)
     for run in $runs; do
