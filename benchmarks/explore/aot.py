@@ -1,8 +1,9 @@
-"""Does a Gluon kernel lower for a GPU this machine lacks, and with what registers and spills (ptxas)?
+"""Does a kernel lower for a GPU this machine lacks, and with what registers and spills?
 
-Triton lowers a kernel ahead of time for any target it knows; its bundled ptxas then reports registers
-and spills. This checks that an exploration lowers (layouts, shared memory, warp specialisation) before it
-costs device time. It does not check that it runs or what it computes.
+Triton lowers a kernel ahead of time for any target it knows, a Gluon kernel or a `@triton.jit` one; the
+cubin's resource usage then gives registers and the stack that spills land in. This checks that an
+exploration lowers (layouts, shared memory, warp specialisation) before it costs device time. It does not
+check that it runs or what it computes.
 """
 import re
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 
 
@@ -23,14 +25,33 @@ def compile_report(kernel, signature: dict[str, str], constexprs: dict[str, obje
     return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
 
 
+def jit_report(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int = 90, **options) -> str:
+    """Lower a `@triton.jit` kernel (or an autotuned or heuristics wrapper of one) for sm_`arch`(a) as its
+    launcher would: arguments named in `types` take that type, other `*_ptr`s bf16, the rest i32; pointers,
+    strides and `n_cols` 16-byte divisible (the specialisation Triton makes for aligned tensors)."""
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "*bf16" if n.lower().endswith("ptr") else "i32")
+                 for n in names}
+    aligned = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(names)
+               if signature[n].startswith("*") or n == "n_cols" or n.startswith("stride")}
+    src = ASTSource(kernel, signature, {(names.index(k), ): v for k, v in constexprs.items() if k in names}, aligned)
+    return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
+
+
 def report(compiled, arch: int = 90) -> str:
-    """What ptxas says of a kernel compiled for sm_`arch`(a): shared memory, registers, spill stores."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(compiled.asm["ptx"])
+    """What the compiled cubin for sm_`arch`(a) uses: shared memory, registers, the stack (spilled registers
+    live there) and the SASS's local-memory loads and stores. Read from the cubin with the bundled
+    cuobjdump, so it holds whichever ptxas Triton used (the bundled ptxas can be older than the PTX that a
+    newer Triton writes)."""
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
         f.flush()
-        info = subprocess.run([str(ptxas), "--gpu-name", f"sm_{arch}a", "-v", f.name, "-o", "/dev/null"],
-                              capture_output=True, text=True).stderr
-    regs, spills = re.findall(r"Used (\d+) registers", info), re.findall(r"(\d+) bytes spill stores", info)
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.findall(r"REG:(\d+)", usage), re.findall(r"STACK:(\d+)", usage)
+    spill = len(re.findall(r"\bSTL\b", sass)), len(re.findall(r"\bLDL\b", sass))
     return (f"compiled for sm_{arch}a with Triton {triton.__version__}: shared {compiled.metadata.shared} B, "
-            f"registers {'/'.join(regs)}, spill stores {'/'.join(spills)} B")
+            f"registers {'/'.join(regs)}, stack {'/'.join(stack)} B, local stores/loads {spill[0]}/{spill[1]}")

@@ -1,0 +1,277 @@
+"""Why the norms' backward falls behind at wide rows, and two candidates that should not.
+
+The committed `triton_partial` of both backward cases holds a whole row of x, dy, w and the dw (and db)
+partials in registers: BLOCK = the row, one row a program iteration, 32 warps from 8K columns. On an H200
+(`triton.testing.do_bench`, L2 flushed, bf16) layernorm_backward ran 8192 x 16384 at 0.51 TB/s against Liger's
+1.79, rmsnorm_backward at 2.17 against 2.41, and both stayed under the 3.2 TB/s claim at 16384 x 4096 (2.54
+and 2.95). Lowered here for sm_90a (`--compile`, `benchmarks/explore/aot.py`), at 16384 columns:
+
+    layernorm  32 warps: 64 registers, a 248-byte stack (62 spill stores in the SASS); 16 warps: 128, 376 B
+    rmsnorm    32 warps: 64 registers, 136 B;                                        16 warps: 128, 208 B
+    Liger's layernorm kernel, 16 warps: 128 registers, 328 B
+
+Both spill, but our 32-warp program parks 248 B x 1024 threads = 248 KB of spills on an SM whose L1 and
+shared memory together are 256 KB (32 KB of it the reduction's scratch), so they go to L2; Liger's 328 B x
+512 threads = 164 KB stays in L1. That is the working explanation of 0.51 against 1.79. At 4096 columns
+nothing spills (16 warps, 60-61 registers, two programs an SM fit), so there the limit is different: each
+program loads a row, then reduces it and stores with no load in flight (the load-free phases that
+softmax_fusion's notebook measured), 2 programs x 16 KB an SM at best, where ~36 KB an SM is what the
+copy rate needs in flight (Little's law at ~1 us).
+
+Candidates (one thing changed each, both for rmsnorm and layernorm through CENTERED):
+
+  rows     the committed kernel with the loop as `tl.range(num_stages=STAGES)`: Triton copies the next
+           rows' x and dy into shared memory while this one reduces. Predicted at 16384 x 4096: the
+           load-free phases covered, 3.2-3.5 TB/s (softmax's whole-row prefetch gained 12% at 32K).
+  split    for rows past 8K columns: SPLITS programs share each row, each owning a column slice of
+           dw, db and dx. Each computes the row's two sums over the whole row in chunks, then its slice;
+           the SPLITS programs of a row run side by side, so a row's second to last reads come from L2,
+           not DRAM. Registers hold a slice's partials, not a row's: no spills. Predicted at 8192 x 16384:
+           DRAM bytes at the model's (ncu), 2.6-3.2 TB/s, and at 2048 x 32768 (where the committed
+           variants refuse) the same.
+
+    python3 benchmarks/explore/norm_backward/wide_rows.py --compile        # registers and stack, no GPU
+    TRITON_INTERPRET=1 python3 benchmarks/explore/norm_backward/wide_rows.py --check   # against float64
+    python3 benchmarks/explore/norm_backward/wide_rows.py [ROWS COLS ...]  # times on the GPU
+    ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum \\
+        python3 benchmarks/explore/norm_backward/wide_rows.py 8192 16384 --once
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from casebook.kernels import layernorm, rmsnorm
+from casebook.kernels.device import INTERPRET, num_sms
+
+SHAPES = ((16384, 4096), (32768, 4096), (16384, 8192), (8192, 16384), (2048, 32768))
+"""The level-1 shapes of both backward cases past 512 rows (bf16)."""
+
+ROWS_RUNGS = ((1, 2), (2, 2), (3, 1), (3, 2), (4, 1))
+"""(stages, programs an SM) of the pipelined row kernel: 1 stage, 2 an SM is the committed kernel's loop."""
+
+SPLIT_RUNGS = ((8192, 16), (8192, 32), (4096, 16))
+"""(slice, warps) of the split kernel, where a row holds at least two slices."""
+
+
+@triton.jit
+def _rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, n_cols,
+                 CENTERED: tl.constexpr, STAGES: tl.constexpr, BLOCK: tl.constexpr):
+    # The committed kernel of both cases (CENTERED: layernorm's mean and db), its row loop pipelined.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], dtype=tl.float32)
+    db = tl.zeros([BLOCK], dtype=tl.float32)
+    for row in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
+        offs = tl.cast(row, tl.int64) * n_cols + cols
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        wdy = w * dy
+        if CENTERED:
+            xhat = tl.where(mask, (x - tl.load(mean_ptr + row)) * rstd, 0.0)
+            c1 = tl.sum(wdy, axis=0) / n_cols
+            db += dy
+        else:
+            xhat = x * rstd
+            c1 = 0.0
+        c2 = tl.sum(xhat * wdy, axis=0) / n_cols
+        tl.store(dx_ptr + offs, ((wdy - c1 - xhat * c2) * rstd).to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+    if CENTERED:
+        tl.store(db_ptr + pid * n_cols + cols, db, mask=mask)
+
+
+@triton.jit
+def _split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, n_cols,
+                  CENTERED: tl.constexpr, SPLITS: tl.constexpr, SLICE: tl.constexpr, CHUNK: tl.constexpr,
+                  STAGES: tl.constexpr):
+    # Program pid = group * SPLITS + s walks rows group, group + groups, ... and owns columns
+    # [s * SLICE, (s + 1) * SLICE): the row sums over the whole row a CHUNK at a time, then dx, dw and db
+    # of its slice. Its partials go to row `group` of [groups, cols] buffers.
+    pid = tl.program_id(0)
+    group = pid // SPLITS
+    groups = tl.num_programs(0) // SPLITS
+    own = (pid % SPLITS) * SLICE + tl.arange(0, SLICE)
+    own_mask = own < n_cols
+    dw = tl.zeros([SLICE], dtype=tl.float32)
+    db = tl.zeros([SLICE], dtype=tl.float32)
+    for row in range(group, n_rows, groups):
+        base = tl.cast(row, tl.int64) * n_cols
+        rstd = tl.load(rstd_ptr + row)
+        mean = tl.load(mean_ptr + row) if CENTERED else 0.0
+        s1 = tl.zeros([CHUNK], dtype=tl.float32)
+        s2 = tl.zeros([CHUNK], dtype=tl.float32)
+        for start in tl.range(0, n_cols, CHUNK, num_stages=STAGES):
+            c = start + tl.arange(0, CHUNK)
+            m = c < n_cols
+            x = tl.load(x_ptr + base + c, mask=m, other=0.0).to(tl.float32)
+            wdy = tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32) * \
+                tl.load(dy_ptr + base + c, mask=m, other=0.0).to(tl.float32)
+            s1 += wdy
+            s2 += tl.where(m, (x - mean) * rstd, 0.0) * wdy
+        c1 = tl.sum(s1, axis=0) / n_cols if CENTERED else 0.0
+        c2 = tl.sum(s2, axis=0) / n_cols
+        x = tl.load(x_ptr + base + own, mask=own_mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + base + own, mask=own_mask, other=0.0).to(tl.float32)
+        xhat = tl.where(own_mask, (x - mean) * rstd, 0.0)
+        wdy = tl.load(w_ptr + own, mask=own_mask, other=0.0).to(tl.float32) * dy
+        tl.store(dx_ptr + base + own, ((wdy - c1 - xhat * c2) * rstd).to(dx_ptr.dtype.element_ty), mask=own_mask)
+        dw += dy * xhat
+        if CENTERED:
+            db += dy
+    tl.store(dw_ptr + group * n_cols + own, dw, mask=own_mask)
+    if CENTERED:
+        tl.store(db_ptr + group * n_cols + own, db, mask=own_mask)
+
+
+def _finish(partials: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    """Each [programs, cols] fp32 partial summed into a row of w's dtype, by the committed second pass."""
+    out = []
+    block_c = 64 if INTERPRET else 256
+    for p in partials:
+        total = torch.empty(p.shape[1], device=p.device, dtype=w.dtype)
+        rmsnorm._sum_partials_kernel[(triton.cdiv(p.shape[1], block_c),)](p, total, p.shape[0], p.shape[1],
+                                                                            BLOCK_P=32, BLOCK_C=block_c)
+        out.append(total)
+    return out
+
+
+def rows(x, w, dy, mean, rstd, stages: int = 3, warps: int | None = None, per_sm: int = 2):
+    """The committed structure, its loop pipelined over `stages`; (dx, dw[, db]) as the case returns them."""
+    n_rows, n_cols = x.shape
+    block = triton.next_power_of_2(n_cols)
+    programs = min(n_rows, per_sm * num_sms(x))
+    dx = torch.empty_like(x)
+    partials = torch.empty(2 if mean is not None else 1, programs, n_cols, device=x.device, dtype=torch.float32)
+    _rows_kernel[(programs,)](x, w, dy, rstd if mean is None else mean, rstd, dx, partials[0], partials[-1], n_rows,
+                              n_cols, CENTERED=mean is not None, STAGES=stages, BLOCK=block,
+                              num_warps=warps or max(1, min(32, block // 256)))
+    return (dx, *_finish(partials, w))
+
+
+def split(x, w, dy, mean, rstd, slice_: int = 8192, chunk: int = 4096, warps: int = 16, stages: int = 3,
+          per_sm: int = 1):
+    """Column slices of SLICE, SPLITS programs a row; (dx, dw[, db]) as the case returns them."""
+    n_rows, n_cols = x.shape
+    slice_ = min(slice_, triton.next_power_of_2(n_cols))
+    splits = triton.cdiv(n_cols, slice_)
+    groups = min(n_rows, max(1, per_sm * num_sms(x) // splits))
+    dx = torch.empty_like(x)
+    partials = torch.empty(2 if mean is not None else 1, groups, n_cols, device=x.device, dtype=torch.float32)
+    _split_kernel[(groups * splits,)](x, w, dy, rstd if mean is None else mean, rstd, dx, partials[0], partials[-1],
+                                      n_rows, n_cols, CENTERED=mean is not None, SPLITS=splits, SLICE=slice_,
+                                      CHUNK=min(chunk, slice_), STAGES=stages, num_warps=warps)
+    return (dx, *_finish(partials, w))
+
+
+def inputs(norm: str, rows_: int, cols: int, device: str) -> dict:
+    """The case's own inputs (x, w, dy and the saved statistics) at one bf16 shape."""
+    g = torch.Generator(device=device).manual_seed(0)
+    module = layernorm if norm == "layernorm" else rmsnorm
+    return module.make_backward_inputs({"rows": rows_, "cols": cols}, torch.bfloat16, device, g)
+
+
+def call(norm: str, fn, t: dict):
+    """fn on the case's inputs: layernorm passes its mean, rmsnorm None."""
+    return fn(t["x"], t["w"], t["dy"], t.get("mean"), t["rstd"]) if norm == "layernorm" else \
+        fn(t["x"], t["w"], t["dy"], None, t["rstd"])
+
+
+def check() -> None:
+    """Both candidates against each case's float64 reference, at widths that take every path (a ragged
+    row, a split row, a last slice that is partly past the row)."""
+    for norm, module in (("rmsnorm", rmsnorm), ("layernorm", layernorm)):
+        for rows_, cols in ((37, 1000), (9, 4096), (5, 12000)):
+            t = inputs(norm, rows_, cols, "cpu")
+            ref = module.reference_backward(*(v.double() for v in t.values()))
+            for name, fn in (("rows", lambda *a: rows(*a, stages=2)),
+                             ("split", lambda *a: split(*a, slice_=2048, chunk=1024, warps=4))):
+                got = call(norm, fn, t)
+                worst = max(((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, ref))
+                verdict = "ok" if worst < 2e-2 else "WRONG"
+                print(f"{norm:9s} {rows_:3d} x {cols:5d} {name:5s}: worst relative error {worst:.2e} {verdict}")
+
+
+def compile_only() -> None:
+    """Registers and stack of the committed kernels, Liger's and the candidates, lowered for sm_90a."""
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # aot.py, shared by the explorations
+    from aot import jit_report
+
+    f32 = {n: "*fp32" for n in ("mean_ptr", "rstd_ptr", "dw_ptr", "db_ptr", "Mean_ptr", "RSTD_ptr", "DW_ptr", "DB_ptr")}
+    for cols in (4096, 8192, 16384):
+        warps = max(1, min(32, cols // 256))
+        for norm, module in (("rmsnorm", rmsnorm), ("layernorm", layernorm)):
+            print(f"{cols:5d} {norm:9s} committed, {warps} warps:",
+                  jit_report(module._backward_kernel, f32, {"ATOMIC": False, "BLOCK": cols}, num_warps=warps))
+            for stages in (2, 3):
+                print(f"{cols:5d} {norm:9s} rows, {stages} stages:", jit_report(
+                    _rows_kernel, f32, {"CENTERED": norm == "layernorm", "STAGES": stages, "BLOCK": cols},
+                    num_warps=warps))
+        if cols >= 8192:
+            for slice_, w in SPLIT_RUNGS:
+                consts = {"CENTERED": True, "SPLITS": cols // slice_, "SLICE": slice_, "CHUNK": 4096, "STAGES": 3}
+                print(f"{cols:5d} layernorm split {slice_}, {w} warps:", jit_report(_split_kernel, f32, consts,
+                                                                                   num_warps=w))
+    import liger_kernel.ops.layer_norm as liger
+    for cols in (4096, 16384):
+        _, w = liger.calculate_settings(cols)
+        consts = {"rows_per_program": 62, "BLOCK_SIZE": cols, "COMPUTE_DW": True, "COMPUTE_DB": True}
+        print(f"{cols:5d} layernorm Liger, {w} warps:", jit_report(liger._layer_norm_backward_kernel, f32, consts,
+                                                                   num_warps=w))
+
+
+def time_on_gpu(shapes, once: bool) -> None:
+    """Every rung at each shape, TB/s on the case's traffic model (do_bench: L2 flushed, median)."""
+    from triton.testing import do_bench
+
+    for norm, module in (("rmsnorm", rmsnorm), ("layernorm", layernorm)):
+        for rows_, cols in shapes:
+            t = inputs(norm, rows_, cols, "cuda")
+            model = module.traffic_backward({"rows": rows_, "cols": cols}, torch.bfloat16).bytes
+            ref = module.reference_backward(*(v.double() for v in t.values()))
+            runs = {"committed triton_partial": module.triton_partial, "liger": module.liger_backward,
+                    "torch": module.torch_backward}
+            if cols <= 16384:
+                runs.update({f"rows, {s} stages, {n}/SM": (lambda s, n: lambda *a: rows(*a, stages=s, per_sm=n))(s, n)
+                             for s, n in ROWS_RUNGS})
+            runs.update({f"split {sl}, {w} warps": (lambda sl, w: lambda *a: split(*a, slice_=sl, warps=w))(sl, w)
+                         for sl, w in SPLIT_RUNGS if cols >= 2 * sl})
+            for name, fn in runs.items():
+                kernel = (lambda: fn(*t.values())) if name in ("committed triton_partial", "liger", "torch") \
+                    else (lambda: call(norm, fn, t))
+                try:
+                    got = kernel()
+                except (NotImplementedError, RuntimeError) as e:
+                    print(f"{norm:9s} {rows_} x {cols} {name:24s} skipped: {str(e).splitlines()[0][:80]}")
+                    continue
+                worst = max(((g.double() - r).norm() / r.norm()).item() for g, r in zip(got, ref))
+                torch.cuda.synchronize()
+                if once:  # ncu reads this launch's counters
+                    continue
+                us = do_bench(kernel, warmup=25, rep=200) * 1e3
+                print(f"{norm:9s} {rows_} x {cols} {name:24s} {us:8.1f} us {model / us / 1e6:5.2f} TB/s "
+                      f"(error {worst:.1e})", flush=True)
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--compile" in sys.argv:
+        compile_only()
+    elif "--check" in sys.argv:
+        check()
+    else:
+        shapes = list(zip(map(int, args[::2]), map(int, args[1::2]))) or SHAPES
+        time_on_gpu(shapes, "--once" in sys.argv)
+
+
+if __name__ == "__main__":
+    main()
