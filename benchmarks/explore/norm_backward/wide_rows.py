@@ -33,7 +33,8 @@ Candidates (one thing changed each, both for rmsnorm and layernorm through CENTE
     python3 benchmarks/explore/norm_backward/wide_rows.py --compile        # registers and stack, no GPU
     TRITON_INTERPRET=1 python3 benchmarks/explore/norm_backward/wide_rows.py --check   # against float64
     python3 benchmarks/explore/norm_backward/wide_rows.py [ROWS COLS ...]  # times on the GPU
-    ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum \\
+    ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,\\
+lts__t_sectors_op_write.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum \\
         python3 benchmarks/explore/norm_backward/wide_rows.py 8192 16384 --once
 """
 
