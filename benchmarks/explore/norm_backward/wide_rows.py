@@ -10,13 +10,15 @@ and 2.95). Lowered here for sm_90a (`--compile`, `benchmarks/explore/aot.py`), a
     rmsnorm    32 warps: 64 registers, 136 B;                                        16 warps: 128, 208 B
     Liger's layernorm kernel, 16 warps: 128 registers, 328 B
 
-Both spill, but our 32-warp program parks 248 B x 1024 threads = 248 KB of spills on an SM whose L1 and
-shared memory together are 256 KB (32 KB of it the reduction's scratch), so they go to L2; Liger's 328 B x
-512 threads = 164 KB stays in L1. That is the working explanation of 0.51 against 1.79. At 4096 columns
-nothing spills (16 warps, 60-61 registers, two programs an SM fit), so there the limit is different: each
-program loads a row, then reduces it and stores with no load in flight (the load-free phases that
-softmax_fusion's notebook measured), 2 programs x 16 KB an SM at best, where ~36 KB an SM is what the
-copy rate needs in flight (Little's law at ~1 us).
+Both spill, but our 32-warp program parks 248 B x 1024 threads = 248 KB of spills on an SM whose L1 and shared
+memory together are 256 KB (32 KB of it the reduction's scratch), so they go to L2; Liger's 328 B x 512 threads
+= 164 KB stays in L1. That is the working explanation of 0.51 against 1.79. At 4096 columns nothing spills (16
+warps, 60-61 registers, two programs an SM fit), so there the limit is different: each program loads a row,
+then reduces it and stores with no load in flight (the load-free phases that softmax_fusion's notebook
+measured; its persistent whole-row kernel with `tl.range(num_stages=3)` gained 12% at 32K columns, and its two-
+sweep chunk loops were latency-bound by a block-wide reduction a chunk, which the split candidate below avoids
+by keeping its sums per lane until the row ends), 2 programs x 16 KB an SM at best, where ~36 KB an SM is what
+the copy rate needs in flight (Little's law at ~1 us).
 
 Candidates (one thing changed each, both for rmsnorm and layernorm through CENTERED):
 
@@ -33,8 +35,9 @@ Candidates (one thing changed each, both for rmsnorm and layernorm through CENTE
     python3 benchmarks/explore/norm_backward/wide_rows.py --compile        # registers and stack, no GPU
     TRITON_INTERPRET=1 python3 benchmarks/explore/norm_backward/wide_rows.py --check   # against float64
     python3 benchmarks/explore/norm_backward/wide_rows.py [ROWS COLS ...]  # times on the GPU
-    ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,\\
-lts__t_sectors_op_write.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum \\
+    ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum,\\
+lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,\\
+l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum \\
         python3 benchmarks/explore/norm_backward/wide_rows.py 8192 16384 --once
 """
 
