@@ -33,6 +33,24 @@ export CASEBOOK_CACHE="${CASEBOOK_CACHE:-$out/cache}" PYTHONUNBUFFERED=1
 # as -B), and each child compiled casebook and the carried wheels from source, 2.5 s a child on an H200 host
 python3 -m compileall -q -j 0 casebook $(tr ':' '\n' <<< "${PYTHONPATH:-}" | grep -vx "$PWD") > /dev/null 2>&1 || true
 
+sync_git() {  # the copy's git metadata brought to the commit its files are: the device gets today's working tree
+              # beside a .git of an older commit, so `git status` compared the files with that commit and every
+              # run recorded casebook_dirty. .cbcache-in/head.bundle (made here: `git bundle create
+              # .cbcache-in/head.bundle BASE..HEAD`, BASE the commit the copy's .git is at, which this prints) holds
+              # the commits since; the index is reset to the bundle's head and the files are left as they are, so a
+              # file that differs from that commit still makes a run dirty
+  [ -f .cbcache-in/head.bundle ] || return 0
+  local head
+  head=$(git bundle list-heads .cbcache-in/head.bundle | awk 'NR == 1 {print $1}')
+  if git fetch -q .cbcache-in/head.bundle 2>/dev/null && git reset -q "$head"; then
+    echo "git: at ${head:0:12}; measured files changed since: $(git status --porcelain --untracked-files=no -- \
+      casebook cases pyproject.toml | wc -l)"
+  else
+    echo "git: the bundle does not apply to this copy's $(git rev-parse --short HEAD 2>/dev/null); runs record it"
+  fi
+}
+sync_git
+
 run_case() {  # run_case CASE SECONDS [ARGS...]
   local case=$1 limit=$2
   shift 2
