@@ -150,13 +150,13 @@ def _run(case: Path, *, variants, quick: bool, counters: bool, json_out: bool, r
 
 def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float, argv: list[str] | None,
             progress, say, ceilings: dict | None = None, loaded=None, resume: Result | None = None,
-            kept: list | None = None) -> Result:
+            kept: list | None = None, gate=None) -> Result:
     """One case's run (`casebook.run.orchestrate.run_case`), its counters if asked, the command line that made it: the
     `Result`, not yet kept. A checkpoint is kept after each point (`keep`), so a run cut short leaves what it
     measured, and `kept` (a list, where given) gets the checkpoint's path. The same for one case here and for
     each case of a pool or a cluster (`ceilings`: the machine's, measured once for a CPU pool's workers; else
     this device's, cached). `loaded`: the case at `case`, where the caller has loaded it. `resume`: a kept run
-    cut short, to go on from."""
+    cut short, to go on from. `gate`: a pool's, for a case prestarted beside the one before it (`run_case`)."""
     from casebook import results
     from casebook.run import orchestrate
 
@@ -174,7 +174,7 @@ def measure(case: Path, *, variants, quick: bool, counters: bool, timeout: float
     # argv: the exact command, every flag kept (--counters, --timeout, ...), for the page's Reproduce
     return orchestrate.run_case(case, only=variants, quick=quick, timeout_s=timeout, progress=noted,
                                 checkpoint=checkpoint, ceilings=ceilings, counters=counters, case=loaded,
-                                argv=list(argv) if argv else None, resume=resume)
+                                argv=list(argv) if argv else None, resume=resume, gate=gate)
 
 
 def last_cut_short(case) -> tuple[Path, Result] | None:

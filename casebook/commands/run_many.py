@@ -18,10 +18,11 @@ from casebook.result import Result
 from casebook.run.pool import Job, Outcome
 
 
-def measure_case(case: Path, args: dict, progress) -> dict:
+def measure_case(case: Path, args: dict, progress, gate=None) -> dict:
     """The work of one pool worker or Ray task: `casebook run CASE` measured, with the single-case command
     line that reproduces it (`args["flags"]`: the options it ran with). Its result as plain JSON data
-    (`results.document`), to cross the pipe or Ray back to the caller, which validates it (`land`)."""
+    (`results.document`), to cross the pipe or Ray back to the caller, which validates it (`land`). `gate`: the
+    pool's, where it prestarted the case (`casebook.run.pool`)."""
     from casebook.commands.run import last_cut_short, measure
     from casebook.load import load_case
     from casebook.results import document
@@ -32,7 +33,7 @@ def measure_case(case: Path, args: dict, progress) -> dict:
     return document(measure(case, variants=args["variants"], quick=args["quick"], counters=args["counters"],
                             timeout=args["timeout"], argv=argv, progress=progress, say=lambda msg: None,
                             ceilings=args.get("ceilings"), loaded=loaded,
-                            resume=earlier[1] if earlier else None))
+                            resume=earlier[1] if earlier else None, gate=gate))
 
 
 def current_result(path: Path, case, results_dir: Path) -> Path | None:
@@ -132,12 +133,13 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
             from casebook.run import pool
 
             devs = pool.host_devices(devices)
-            if not pool.gpu_indices():  # one CPU's ceilings, measured once, before its workers share them out
+            on_gpus = bool(pool.gpu_indices())
+            if not on_gpus:  # one CPU's ceilings, measured once, before its workers share them out
                 from casebook.run import hardware as hardware_mod
 
                 args["ceilings"] = hardware_mod.ceilings()
             board.devices(devs)
-            outcomes = pool.run_pool(jobs, devs, measure_case, args, on_event=on_event)
+            outcomes = pool.run_pool(jobs, devs, measure_case, args, on_event=on_event, prestart=on_gpus)
     wall = time.monotonic() - start
     if json_out:
         out.print_json(json.dumps([_row(o, landed.get(o.job.case, {})) for o in outcomes]))

@@ -69,6 +69,38 @@ the next variant's starting: `casebook.run.isolate`); in a rank, its sibling ran
 them (`casebook.run.distributed`). Empty in a process that times in itself (the ceilings)."""
 
 
+POOL_ENV = "CASEBOOK_POOL"
+"""`<the pool's pid>/<its devices>`, in a pool worker's environment from its start (`casebook.run.pool`) and so in
+its children's. A case prestarted on a busy device and the case it waits for carry the same value: each is the
+other's run, as the next variant's child starting beside a timing is (`run_roots`)."""
+
+
+def slot_workers() -> list[int]:
+    """The pool's workers on this process's devices, this one's own worker among them (the pool's children
+    that started with this process's `POOL_ENV`): none outside a pool. Read from /proc."""
+    mark = os.environ.get(POOL_ENV)
+    if not mark:
+        return []
+    pool, want = mark.split("/", 1)[0], f"{POOL_ENV}={mark}".encode()
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        st = _stat(entry.name)
+        if st is None or str(st[0]) != pool:
+            continue
+        try:
+            if want in (entry / "environ").read_bytes().split(b"\0"):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def run_roots() -> list[int]:
+    """The processes whose trees are this run's own, besides this process: those counted (`count_as_own`) and a
+    pool's workers on these devices (`slot_workers`: the case prestarted beside this one, starting its children)."""
+    return sorted({*_run_processes, *slot_workers()} - {os.getpid()})
+
+
 def count_as_own(pids) -> None:
     """Count the CPU time of `pids` and their descendants as this run's own in every window from now on
     (this process itself is counted already, and never twice)."""
@@ -94,6 +126,16 @@ def tree_cpu_s(roots) -> float:
     """CPU seconds of the processes `roots` and of all their live descendants (every thread, and the ended
     children each waited for), read from /proc; this process and its own descendants are left out (its
     time is `own_cpu_s`'s). 0 for a root that is gone."""
+    return sum(_tree(roots).values()) / CLOCK_TICKS
+
+
+def tree_pids(roots) -> set[int]:
+    """The live processes of `roots`' trees, this process and its descendants left out."""
+    return set(_tree(roots))
+
+
+def _tree(roots) -> dict[int, int]:
+    """{pid: CPU ticks} of each live process in the trees of `roots`, this process and its descendants left out."""
     me = os.getpid()
     stats = {}
     try:
@@ -106,15 +148,14 @@ def tree_cpu_s(roots) -> float:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
-    ticks, seen, todo = 0, set(), [p for p in roots if p != me]
+    ticks, todo = {}, [p for p in roots if p != me]
     while todo:
         pid = todo.pop()
-        if pid in seen or pid not in stats:
+        if pid in ticks or pid not in stats:
             continue
-        seen.add(pid)
-        ticks += stats[pid][1]
+        ticks[pid] = stats[pid][1]
         todo += [c for c in children.get(pid, []) if c != me]
-    return ticks / CLOCK_TICKS
+    return ticks
 
 
 def run_queue_wait_s() -> float | None:
@@ -139,7 +180,7 @@ class Window:
     def __init__(self) -> None:
         self.start = time.perf_counter()  # first, and last in `close`: the window holds its own readings
         self.load_start = load_average()
-        self.run = _run_processes
+        self.run = run_roots()
         self.siblings = tree_cpu_s(self.run) if self.run else 0.0
         self.busy, self.own, self.wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
 
@@ -148,7 +189,9 @@ class Window:
         CPU was busy over the window less this process's own (so: other processes', to within a tick per CPU).
         In a run of several processes (`count_as_own`), less theirs as well, which is kept as `run_cpu_s`: a
         rank's siblings are the same run, not a busy machine."""
-        siblings = tree_cpu_s(self.run) if self.run else 0.0  # read just before the busy time, as in __init__
+        # a case prestarted during the window is the run's from its start
+        roots = sorted({*self.run, *slot_workers()} - {os.getpid()})
+        siblings = tree_cpu_s(roots) if roots else 0.0  # read just before the busy time, as in __init__
         busy, own, wait = busy_ticks(), own_cpu_s(), run_queue_wait_s()
         window_s = time.perf_counter() - self.start
         out: dict = {"window_s": window_s, "load_average": load_average(), "load_average_start": self.load_start}
@@ -156,7 +199,7 @@ class Window:
             run = max(0.0, siblings - self.siblings)
             out["other_cpu_s"] = max(0.0, (busy[0] - self.busy[0]) / CLOCK_TICKS - (own - self.own) - run)
             out["cpus"] = busy[1]
-            if self.run:
+            if roots:
                 out["run_cpu_s"] = run
         if wait is not None and self.wait is not None:
             out["run_queue_wait_s"] = wait - self.wait
@@ -173,7 +216,8 @@ def gpu_state() -> dict | None:
     state = _nvml_state(index) or _nvidia_smi_state(device)
     if state is None:
         return None
-    mine = run_family() | set(_run_processes)  # the run's workers, and a multi-device run's ranks
+    roots = run_roots()  # a multi-device run's ranks, a prestarted case's worker: their trees
+    mine = run_family() | set(roots) | tree_pids(roots)  # and the run's workers
     return {**state, "other_processes": sorted(p for p in state["other_processes"] if p not in mine)}
 
 

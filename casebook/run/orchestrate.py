@@ -50,7 +50,8 @@ Progress = Callable[[str, dict], None]
 def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, timeout_s: float = 600.0,
              progress: Progress | None = None, ceilings: dict | None = None,
              checkpoint: Callable[[Result], None] | None = None, counters: bool = False,
-             case: Case | None = None, argv: list[str] | None = None, resume: Result | None = None) -> Result:
+             case: Case | None = None, argv: list[str] | None = None, resume: Result | None = None,
+             gate: Callable[[], None] | None = None) -> Result:
     """Run one case end to end: plan, run, and the validated `Result` (not yet kept or stored).
 
     `checkpoint`, if given, receives the result as it stands after each point (marked `complete: false`), so a
@@ -61,7 +62,9 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
     with it (`argv`, and `command` as one line: every flag kept, for the page's Reproduce); without it, the
     command is spelled from the options given here. `resume`: a kept run of this case cut short; its points
     measured with the same code, case, harness, machine and protocol are kept, not measured again, and the run
-    goes on under its ceilings (`resumable`).
+    goes on under its ceilings (`resumable`). `gate`: called once the children that start early have started and
+    before anything else touches the device (the ceilings, the plan's work); it returns when the device is this
+    run's. A pool prestarts the next case of a busy GPU this way (`casebook.run.pool`).
     """
     progress = progress or (lambda event, info: None)
     case = case or load_case(path)
@@ -90,6 +93,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
             first = children.enter_context(_variant_worker(case, device, timed=True))
             oracle.start()
             first.start()
+        if gate is not None:
+            gate()
         progress("ceilings", {"hardware": ident.name})
         measured, said = _ceilings(resume if parts else None, ceilings)
         run = Run(path=Path(path), case=case, ident=ident, argv=argv,

@@ -7,6 +7,10 @@ together. A worker that dies loses only its case: the case is tried once more on
 the host has them, then recorded as crashed. What a worker measured comes back to the caller through
 `on_event("done", ...)` the moment it finishes, for the caller to write.
 
+On GPUs the next case of a busy device is prestarted: its worker starts while the case before it runs, loads
+its case and starts its children (imports, the device's context: seconds of host work), then waits at its gate
+until the device is free, and only then measures (`run_case`'s `gate`).
+
 The dispatch is a loop over free devices and worker pipes (`multiprocessing.connection.wait`), nothing
 more: past one host, `casebook.run.cluster` hands the same work to Ray.
 """
@@ -25,6 +29,8 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
+from casebook.run.interference import POOL_ENV
+
 FAKE_DEVICES_ENV = "CASEBOOK_FAKE_DEVICES"
 """`CASEBOOK_FAKE_DEVICES=N`: a pool of N devices named 0..N-1 where there is no GPU (each worker is
 pinned with its `CUDA_VISIBLE_DEVICES` all the same, and runs the CPU path): the tests' pool, and a CPU
@@ -35,9 +41,10 @@ RETRIES = 1
 
 _ctx = mp.get_context("spawn")  # a fresh interpreter: CUDA_VISIBLE_DEVICES is set before torch is imported
 
-Work = Callable[[Path, dict, Callable[[str, dict], None]], dict]
-"""`work(case, args, progress) -> result document`: a module-level function (pickled by name); the document
-is plain JSON data (`results.document` of a `Result`), which the caller validates where it lands."""
+Work = Callable[..., dict]
+"""`work(case, args, progress, gate=None) -> result document`: a module-level function (pickled by name); the
+document is plain JSON data (`results.document` of a `Result`), which the caller validates where it lands.
+`gate`, where given, is called before the case touches its devices, and returns once they are its own."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ def worker_env(devices: tuple[str, ...]) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(devices), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def _worker(work: Work, case: Path, args: dict, env: dict, cpus: tuple[int, ...], conn) -> None:
+def _worker(work: Work, case: Path, args: dict, env: dict, cpus: tuple[int, ...], conn, gate=None) -> None:
     os.setpgrp()  # its own process group: the variants' children end with it (`_end`)
     os.environ.update(env)
     if cpus and hasattr(os, "sched_setaffinity"):
@@ -120,7 +127,7 @@ def _worker(work: Work, case: Path, args: dict, env: dict, cpus: tuple[int, ...]
         conn.send(("progress", event, _plain(event, info)))
 
     try:
-        doc = work(case, args, progress)
+        doc = work(case, args, progress, gate=gate.wait if gate is not None else None)
     except Exception as e:  # the run itself raised: recorded, not retried (it would raise again)
         conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)))
     else:
@@ -146,17 +153,27 @@ class _Running:
     proc: Any
     started: float
     attempts: list[dict]
+    gate: Any = None
+    """A prestarted worker's event, set when its devices are free; None: it was started on free devices."""
+
+    @property
+    def waiting(self) -> bool:
+        """Prestarted, and its devices still another case's."""
+        return self.gate is not None and not self.gate.is_set()
 
 
 def run_pool(jobs: list[Job], devices: list[str], work: Work, args: dict, *,
-             on_event: Callable[[str, dict], None] | None = None, retries: int = RETRIES) -> list[Outcome]:
+             on_event: Callable[[str, dict], None] | None = None, retries: int = RETRIES,
+             prestart: bool = False) -> list[Outcome]:
     """Run every job, as many at once as the devices allow; return their outcomes in `jobs`' order.
 
-    `on_event(kind, info)`: "start" (case, devices, attempt, pid), "progress" (case, devices, event, info: a
-    `casebook.run` progress event as plain data), "retry" (case, devices, error), "done" (the `Outcome`, as
-    each case ends: the caller keeps and stores it there).
+    `on_event(kind, info)`: "start" (case, devices, attempt, pid: as the case takes its devices), "progress"
+    (case, devices, event, info: a `casebook.run` progress event as plain data), "retry" (case, devices, error),
+    "done" (the `Outcome`, as each case ends: the caller keeps and stores it there). `prestart`: the next
+    one-device case of each busy device starts its worker early and waits at its gate (for GPUs; on a CPU a
+    start would take cores from the timing).
     """
-    pool = _Pool(jobs, devices, work, args, on_event or (lambda kind, info: None), retries)
+    pool = _Pool(jobs, devices, work, args, on_event or (lambda kind, info: None), retries, prestart)
     before = _on_terminate()
     try:
         pool.dispatch()
@@ -169,9 +186,9 @@ def run_pool(jobs: list[Job], devices: list[str], work: Work, args: dict, *,
 
 
 class _Pool:
-    def __init__(self, jobs, devices, work, args, emit, retries) -> None:
+    def __init__(self, jobs, devices, work, args, emit, retries, prestart=False) -> None:
         self.jobs, self.devices, self.work, self.args = jobs, devices, work, args
-        self.emit, self.retries = emit, retries
+        self.emit, self.retries, self.prestart = emit, retries, prestart
         self.shares = dict(zip(devices, cpu_shares(len(devices))))
         self.free = list(devices)
         self.outcomes: dict[int, Outcome] = {}
@@ -184,17 +201,54 @@ class _Pool:
             else:
                 self.pending.append((i, []))
 
-    def start(self, i: int, attempts: list[dict], devs: tuple[str, ...]) -> None:
+    def start(self, i: int, attempts: list[dict], devs: tuple[str, ...], waiting: bool = False) -> None:
+        """Start job i's worker on `devs`: free devices, taken now; or, `waiting`, busy ones it takes at its gate."""
         job = self.jobs[i]
         parent, child = _ctx.Pipe(duplex=False)
         cpus = tuple(c for d in devs for c in self.shares[d])
-        proc = _ctx.Process(target=_worker, args=(self.work, job.case, self.args, worker_env(devs), cpus, child))
-        proc.start()
+        gate = _ctx.Event() if waiting else None
+        proc = _ctx.Process(target=_worker, args=(self.work, job.case, self.args, worker_env(devs), cpus, child, gate))
+        before = os.environ.get(POOL_ENV)
+        os.environ[POOL_ENV] = f"{os.getpid()}/{','.join(devs)}"  # in its environment from its start: who it is
+        try:                                                        # to the case it waits for (`interference`)
+            proc.start()
+        finally:
+            if before is None:
+                os.environ.pop(POOL_ENV, None)
+            else:
+                os.environ[POOL_ENV] = before
         child.close()
-        for d in devs:
+        r = _Running(job, devs, proc, time.monotonic(), attempts, gate)
+        self.running[parent] = (i, r)
+        if not waiting:
+            self.take(r)
+
+    def take(self, r: _Running) -> None:
+        """The worker's devices become its own (a prestarted one's gate opens): the case starts, its time with it."""
+        for d in r.devices:
             self.free.remove(d)
-        self.running[parent] = (i, _Running(job, devs, proc, time.monotonic(), attempts))
-        self.emit("start", {"case": job.case, "devices": devs, "attempt": len(attempts) + 1, "pid": proc.pid})
+        if r.gate is not None:
+            r.gate.set()
+        r.started = time.monotonic()
+        self.emit("start", {"case": r.job.case, "devices": r.devices, "attempt": len(r.attempts) + 1,
+                            "pid": r.proc.pid})
+
+    def open_gates(self) -> None:
+        """Each prestarted worker whose devices are all free takes them, before any job still pending can."""
+        for _, r in list(self.running.values()):
+            if r.waiting and all(d in self.free for d in r.devices):
+                self.take(r)
+
+    def prestart_next(self) -> None:
+        """The first pending one-device job (not yet tried) starts on a busy device no prestarted job waits for."""
+        if not self.prestart:
+            return
+        claimed = {d for _, r in self.running.values() if r.waiting for d in r.devices}
+        busy = [d for d in self.devices if d not in self.free and d not in claimed]
+        item = next(((i, a) for i, a in self.pending if self.jobs[i].devices == 1 and not a), None)
+        if busy and item is not None:
+            self.pending.remove(item)
+            self.start(item[0], item[1], (busy[0],), waiting=True)
 
     def finish(self, i: int, outcome: Outcome) -> None:
         self.outcomes[i] = outcome
@@ -202,6 +256,7 @@ class _Pool:
 
     def dispatch(self) -> None:
         while self.pending or self.running:
+            self.open_gates()
             for item in list(self.pending):
                 i, attempts = item
                 devs = _pick(self.free, self.devices, self.jobs[i].devices,
@@ -209,6 +264,7 @@ class _Pool:
                 if devs:
                     self.pending.remove(item)
                     self.start(i, attempts, devs)
+            self.prestart_next()
             for conn in wait(list(self.running)):
                 self.receive(conn)
 
@@ -224,7 +280,8 @@ class _Pool:
         del self.running[conn]
         conn.close()
         code = _end(r.proc, died=msg is None)
-        self.free.extend(r.devices)
+        if not r.waiting:  # a prestarted worker that ended at its gate never took its devices
+            self.free.extend(r.devices)
         seconds = time.monotonic() - r.started
         status = "crashed" if msg is None else "ok" if msg[0] == "done" else "error"
         error = (f"worker died (exit code {code}) on device {','.join(r.devices)}" if msg is None

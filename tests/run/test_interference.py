@@ -75,6 +75,26 @@ def test_gpu_state_leaves_out_the_runs_other_workers_not_a_stranger(tmp_path, mo
     assert seen.stdout.strip() == "[4242]", seen.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_gpu_state_leaves_out_a_prestarted_cases_processes_on_these_devices(tmp_path, monkeypatch):
+    """A pool's worker on these devices (`slot_workers`) holds the device's context in its children (the
+    reference's child, its first variant's): they are the run's, down its whole tree."""
+    worker = _burner(child=True)  # a worker whose child holds the context (and burns; only the tree matters)
+    try:
+        time.sleep(0.3)
+        [grandchild] = interference.tree_pids([worker.pid]) - {worker.pid}
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text(FAKE_SMI.format(me=grandchild))
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setattr(interference, "_nvml_state", lambda index: None)
+        assert interference.gpu_state()["other_processes"] == sorted([grandchild, 4242])  # a stranger's, before
+        monkeypatch.setattr(interference, "slot_workers", lambda: [worker.pid])
+        assert interference.gpu_state()["other_processes"] == [4242]
+    finally:
+        _end(worker)
+
+
 def test_gpu_state_is_none_without_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(interference, "_nvml_state", lambda index: None)

@@ -643,3 +643,17 @@ def test_a_device_out_of_memory_error_names_the_runs_processes():
     assert named == torch_says + " (this run's processes: 1700 the parent, 1737 the reference's child)"
     assert with_roles("crashed: ZeroDivisionError", {1700: "the parent"}) == "crashed: ZeroDivisionError"
     assert with_roles(None, {1700: "the parent"}) is None
+
+
+def test_a_gate_is_passed_once_before_the_ceilings_and_the_plan(monkeypatch):
+    """A pool's prestarted case waits at its gate until the device is its own: nothing that touches the device
+    (the ceilings, the plan's work) comes before it."""
+    from casebook.run import hardware, orchestrate
+
+    said: list[str] = []
+    stub_children(monkeypatch)
+    monkeypatch.setattr(hardware, "ceilings", lambda: said.append("ceilings") or CEILINGS)
+    result = orchestrate.run_case(SOFTMAX, gate=lambda: said.append("gate"),
+                                  progress=lambda event, info: said.append(event))
+    assert result.complete is True
+    assert said.count("gate") == 1 and said.index("gate") < said.index("ceilings") < said.index("plan")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,48 @@ def test_a_case_whose_worker_always_dies_is_tried_once_more_then_recorded_as_cra
 def test_a_run_that_raises_is_recorded_not_retried():
     [o] = run_pool([Job(Path("a.yaml"))], ["0", "1"], _work("raises"), {})
     assert o.status == "error" and len(o.attempts) == 1 and "the case's run raised" in o.error
+
+
+@pytest.mark.slow
+def test_the_next_case_of_a_busy_device_starts_early_and_waits_at_its_gate_until_the_device_is_free():
+    events = []
+    a, b = run_pool([Job(Path("a.yaml")), Job(Path("b.yaml"))], ["0"], _work("where"),
+                    {"sleep_s": {"a.yaml": 2.0}}, on_event=lambda k, i: events.append((k, i)), prestart=True)
+    assert a.status == b.status == "ok"
+    assert b.doc["began"] < a.doc["ended"]  # its worker started while a ran
+    assert b.doc["through_gate"] > a.doc["ended"]  # and measured only once a had ended
+    order = [(k, i["case"].name if k == "start" else i["outcome"].job.case.name) for k, i in events
+             if k in ("start", "done")]
+    assert order == [("start", "a.yaml"), ("done", "a.yaml"), ("start", "b.yaml"), ("done", "b.yaml")]
+    assert b.seconds < b.doc["ended"] - b.doc["began"]  # a case's time runs from its start, not its prestart
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
+def test_a_prestarted_case_is_the_run_s_own_to_the_case_it_waits_for_and_a_stranger_to_other_devices():
+    """Its start (imports, the device's context) goes on beside the other case's timings, as the next variant's
+    child's does: counted as the run's CPU time, not another tenant's, and its processes are not others on the GPU
+    (`interference.run_roots`); the case on the other device is neither."""
+    a, b, c = run_pool([Job(Path("a.yaml")), Job(Path("b.yaml")), Job(Path("c.yaml"))], ["0", "1"], _work("where"),
+                       {"sleep_s": {"a.yaml": 2.0, "b.yaml": 2.0}}, prestart=True)
+    assert c.devices == a.devices != b.devices and c.doc["began"] < a.doc["ended"]
+    assert c.doc["pid"] in a.doc["roots"]
+    assert not {a.doc["pid"], c.doc["pid"]} & set(b.doc["roots"])
+
+
+@pytest.mark.slow
+def test_without_prestart_the_next_case_starts_once_the_device_is_free():
+    a, b = run_pool([Job(Path("a.yaml")), Job(Path("b.yaml"))], ["0"], _work("where"), {"sleep_s": {"a.yaml": 1.0}})
+    assert b.doc["began"] > a.doc["ended"]
+
+
+@pytest.mark.slow
+def test_a_prestarted_worker_that_dies_at_its_gate_leaves_the_device_to_the_case_running_there():
+    a, b, c = run_pool([Job(Path("a.yaml")), Job(Path("b.yaml")), Job(Path("c.yaml"))], ["0"], _work("where"),
+                       {"sleep_s": {"a.yaml": 2.0}, "die_at_gate": ["b.yaml"]}, prestart=True)
+    assert a.status == "ok" and c.status == "ok"
+    assert b.status == "crashed" and [t["status"] for t in b.attempts] == ["crashed", "crashed"]
+    assert c.doc["through_gate"] > a.doc["ended"]  # device 0 was never handed to two cases at once
 
 
 # --- real cases --------------------------------------------------------------------------------
