@@ -15,7 +15,8 @@ The Triton kernels:
                   never leave the chip; under the causal mask the tiles past the diagonal are skipped and
                   only the diagonal ones are masked. `tma=True` loads every tile by TMA (device-side 4-D
                   descriptors: zero-filled edges, no address arithmetic); `warp_specialize=True` also
-                  splits the K/V loop into producer and consumer warps (Triton's automatic WS).
+                  asks Triton to split the K/V loop into producer and consumer warps (its automatic WS),
+                  and runs only where the compiler does so for the GPU (`ws_refusal`).
   decode_forward  decode: one program per (batch, KV head) covering the group's query heads (and draft
                   tokens) as the rows of one tile, so K/V are read once for the group; split over the
                   context into `splits` programs per (batch, KV head), each writing a partial (lse, o),
@@ -24,6 +25,7 @@ The Triton kernels:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -350,9 +352,11 @@ def _prefill_configs() -> list:
 
 def _prune_prefill(configs, named_args, **kwargs):
     # A config that does not fit in shared memory is dropped by the autotuner itself; trim only what is
-    # pointless: tiles taller than the queries.
+    # pointless: tiles taller than the queries, and, warp-specialised, one warpgroup (a producer and a consumer
+    # need two: Triton 3.6's pass failed outright at 4 warps, lowered for sm_90).
     sq = named_args["SQ"]
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, triton.next_power_of_2(sq))]
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(16, triton.next_power_of_2(sq))
+            and (c.num_warps >= 8 or not kwargs.get("WARP_SPECIALIZE"))]
     return kept or configs[:1]
 
 
@@ -383,6 +387,49 @@ def tma_supported(*tensors: torch.Tensor) -> bool:
     return True
 
 
+WS_PROBE = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+"""The tile the compiler is asked to warp-specialise (`ws_refusal`): the first prefill config."""
+
+TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def ws_refusal(q: torch.Tensor) -> str | None:
+    """Why the installed Triton does not warp-specialise the TMA kernel's K/V loop for q's GPU; None where it
+    does, and on a CPU (the interpreter runs the loop as written). `tl.range(warp_specialize=True)` is a
+    request the compiler may ignore: lowered for sm_90 with Triton 3.6 and 3.9, the loop came out with no
+    warp_specialize region, the TMA kernel under another name, and at 4 warps the pass failed. The rung times
+    only a loop the compiler split."""
+    if not q.is_cuda:
+        return None
+    return _ws_lowering(torch.cuda.get_device_capability(q.device), q.shape[-1], TRITON_TYPES[q.dtype])
+
+
+@functools.cache
+def _ws_lowering(capability: tuple[int, int], head_dim: int, dtype: str) -> str | None:
+    """`ws_refusal` for a GPU of this compute capability, asked once: the kernel lowered ahead of time at
+    `WS_PROBE`'s tile, its TTGIR searched for the warp_specialize op."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = _flash_fwd_tma_kernel.arg_names
+    consts = {"CAUSAL": False, "HEAD_DIM": head_dim, "UPCAST": False, "WARP_SPECIALIZE": True,
+              "BLOCK_M": WS_PROBE["BLOCK_M"], "BLOCK_N": WS_PROBE["BLOCK_N"]}
+    signature = {n: "constexpr" if n in consts else "fp32" if n == "qk_scale" else f"*{dtype}" if n.endswith("_ptr")
+                 else "i32" for n in names}
+    arch = capability[0] * 10 + capability[1]
+    src = ASTSource(_flash_fwd_tma_kernel, signature, {(names.index(n), ): v for n, v in consts.items()})
+    try:
+        lowered = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                 options={"num_warps": WS_PROBE["num_warps"], "num_stages": WS_PROBE["num_stages"]})
+    except Exception as e:  # the pass pipeline failed: the compiler's reason
+        why = str(e).splitlines()[-1][:200]
+        return f"Triton {triton.__version__} cannot warp-specialise the K/V loop for sm_{arch}: {why}"
+    if "ttg.warp_specialize" in lowered.asm["ttgir"]:
+        return None
+    return (f"Triton {triton.__version__} does not warp-specialise the K/V loop for sm_{arch}: lowered, it has no "
+            f"warp_specialize region (the TMA kernel under another name)")
+
+
 COMPILE_FAILED = "PassManager::run failed"
 """How Triton's compiler says a pass pipeline failed (a RuntimeError, not a CompilationError)."""
 
@@ -399,6 +446,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     qk_scale = d**-0.5 * LOG2E
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     if tma and tma_supported(q, k, v, o):
+        if warp_specialize and (why := ws_refusal(q)):
+            raise NotImplementedError(why)
         triton.set_allocator(_tma_alloc)
         grid = lambda meta: (triton.cdiv(sq, meta["BLOCK_M"]), b * h)  # noqa: E731
         try:

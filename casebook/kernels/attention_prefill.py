@@ -19,7 +19,8 @@ The ladder (baseline: sdpa_flash, the library's flash kernel):
   flex             FlexAttention, compiled by Inductor into a Triton flash kernel, the mask as a block mask
   triton_flash     casebook's Triton flash forward: online softmax, causal tiles skipped, diagonal masked
   triton_flash_tma the same tile loop with every tile moved by TMA (Hopper)
-  triton_flash_ws  TMA plus warp specialisation of the K/V loop (producer and consumer warps)
+  triton_flash_ws  TMA plus Triton's automatic warp specialisation of the K/V loop (producer and consumer
+                   warps), where the compiler splits the loop for the GPU: not on sm_90 with Triton 3.6-3.9
 
 Shape: q [batch, heads, seq_q, head_dim]; k, v [batch, kv_heads, seq_kv, head_dim]; `mask` 1 = none,
 2 = causal (the queries the last seq_q tokens of the context: see attention_common).
@@ -110,7 +111,8 @@ def triton_flash_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 
 def triton_flash_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """TMA, and the K/V loop warp-specialised: producer warps issue the loads, consumer warps the MMAs."""
+    """TMA, and the K/V loop warp-specialised (producer warps issue the loads, consumer warps the MMAs) where
+    the installed Triton splits it for this GPU; NotImplementedError, with the compiler's answer, elsewhere."""
     return ac.flash_forward(q, k, v, causal, tma=True, warp_specialize=True)
 
 

@@ -8,12 +8,18 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
 
+import subprocess
+import sys
+
 import pytest
 import torch
+import triton
 from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
 from casebook.kernels import attention_prefill as mod
 from casebook.tolerance import TOLERANCE
+
+from conftest import REPO
 
 CASE = load("attention_prefill")
 ON_CPU = cpu_rungs(CASE)
@@ -91,3 +97,48 @@ def test_a_toolchain_that_cannot_warp_specialise_skips_the_rung_with_its_reason(
             ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=True)
     with pytest.raises(RuntimeError):  # the TMA rung without warp specialisation never hides its failure
         ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=False)
+
+
+WS_PROBE = """
+from casebook.kernels import attention_common as ac
+for capability in ((10, 0), (9, 0)):
+    print(ac._ws_lowering(capability, 128, "bf16"))
+"""
+
+
+@pytest.mark.slow
+def test_the_ws_rung_asks_the_compiler_whether_it_split_the_loop():
+    """Without a GPU: the kernel lowered ahead of time for sm_100, where Triton's automatic warp specialisation
+    splits the loop, is seen to be split; for sm_90 the answer is this Triton's (3.6 and 3.9: not split)."""
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the interpreter's kernels do not lower
+    r = subprocess.run([sys.executable, "-c", WS_PROBE], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    blackwell, hopper = r.stdout.splitlines()[-2:]
+    assert blackwell == "None", blackwell
+    assert hopper == "None" or hopper.startswith(f"Triton {triton.__version__} ") and "sm_90" in hopper, hopper
+
+
+def test_a_gpu_whose_compiler_does_not_split_the_loop_skips_the_ws_rung_with_the_reason(monkeypatch):
+    from casebook.kernels import attention_common as ac
+
+    monkeypatch.setattr(ac, "ws_refusal", lambda q: "Triton x does not warp-specialise the K/V loop for sm_90")
+    q, k, v = (torch.randn(1, 2, 64, 64) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="does not warp-specialise the K/V loop for sm_90"):
+        ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=True)
+    assert ac.flash_forward(q, k, v, causal=False, tma=True).shape == q.shape  # the TMA rung is not asked
+
+
+def test_a_warp_specialised_loop_is_tuned_over_two_warpgroups_or_more():
+    from casebook.kernels import attention_common as ac
+
+    configs = [triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8),
+               triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4)]
+    assert ac._prune_prefill(configs, {"SQ": 4096}, WARP_SPECIALIZE=True) == configs[:1]
+    assert ac._prune_prefill(configs, {"SQ": 4096}, WARP_SPECIALIZE=False) == configs
+    assert ac.ws_refusal(torch.zeros(1, 1, 4, 64)) is None  # on a CPU the interpreter runs the loop as written
