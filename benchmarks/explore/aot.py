@@ -25,17 +25,20 @@ def compile_report(kernel, signature: dict[str, str], constexprs: dict[str, obje
     return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
 
 
-def jit_report(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int = 90, **options) -> str:
+def jit_report(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int = 90, unaligned=(),
+               **options) -> str:
     """Lower a `@triton.jit` kernel (or an autotuned or heuristics wrapper of one) for sm_`arch`(a) as its
-    launcher would: arguments named in `types` take that type, other `*_ptr`s bf16, the rest i32; pointers,
-    strides and `n_cols` 16-byte divisible (the specialisation Triton makes for aligned tensors)."""
+    launcher would: arguments named in `types` take that type, other `*_ptr`s bf16, the rest i32; every pointer
+    and integer 16-divisible, as the launcher specialises the book's aligned tensors and shapes (sizes that are
+    multiples of 16), except those named in `unaligned`. The divisibility decides whether loads vectorise and
+    whether the pipeliner may copy them asynchronously: without it a loop comes out unpipelined."""
     while not isinstance(kernel, triton.runtime.jit.JITFunction):
         kernel = kernel.fn
     names = kernel.arg_names
     signature = {n: "constexpr" if n in constexprs else types.get(n, "*bf16" if n.lower().endswith("ptr") else "i32")
                  for n in names}
     aligned = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(names)
-               if signature[n].startswith("*") or n == "n_cols" or n.startswith("stride")}
+               if (signature[n].startswith("*") or signature[n] in ("i32", "i64")) and n not in unaligned}
     src = ASTSource(kernel, signature, {(names.index(k), ): v for k, v in constexprs.items() if k in names}, aligned)
     return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
 

@@ -23,8 +23,8 @@ The ladder (baseline: eager):
   torch_compile_graphs  the same with Inductor's CUDA graphs (mode="reduce-overhead")
   liger_norm            peer: the eager chain with liger-kernel's fused RMSNorm, 4 launches a layer
   graph                 the eager chain captured in one CUDA graph and replayed: one host launch
-  fused                 one Triton kernel a layer: the norm in the GEMV's prologue, silu and the
-                        residual in its epilogue
+  fused                 one Triton kernel a layer: the norm in the GEMV (its sums in the K loop,
+                        its 1/rms on the output), silu and the residual in its epilogue
   persistent            one Triton launch for the whole chain: programs stay resident, walk each
                         layer's output tiles, and meet at a grid barrier before the next layer
 """
@@ -174,41 +174,37 @@ def graph(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# --- the layer as one tile loop: norm prologue, GEMV, silu and residual epilogue -----------------
+# --- the layer as one tile loop: the norm's sums and the GEMV, then 1/rms, silu and residual --------
 
 
 @triton.jit
 def _layer_tile(x_ptr, out_ptr, w_ptr, g_ptr, tile, B, H, eps,
                 BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
-    # Output columns [tile * BN, +BN) of out = x + silu(rmsnorm(x) * g @ w^T) for all B rows.
-    # Prologue: each program computes the rows' rstd itself from x (B x H elements, from L2: cheaper
-    # than a launch or an exchange). Then it streams its [BN, H] slab of w in [BN, BK] tiles.
+    # Output columns [tile * BN, +BN) of out = x + silu(rmsnorm(x) * g @ w^T) for all B rows. The norm's
+    # 1/rms is a factor of each row, so it is applied after the GEMV: the loop that streams this program's
+    # [BN, H] slab of w in [BN, BK] tiles also sums the rows' squares from the x tiles it loads anyway (from
+    # L2). A prologue loop of its own was H / BK loads from L2 one after another, which the pipeliner left
+    # unpipelined: ~16 round trips a layer at hidden 4096 before the first weight arrived.
     rows = tl.arange(0, BB)
     ks = tl.arange(0, BK)
     row_ok = rows < B
-    sumsq = tl.zeros([BB], dtype=tl.float32)
-    for k0 in range(0, H, BK):
-        k = k0 + ks
-        xk = tl.load(x_ptr + rows[:, None] * H + k[None, :], mask=row_ok[:, None] & (k[None, :] < H),
-                     other=0.0, cache_modifier=".cg").to(tl.float32)
-        sumsq += tl.sum(xk * xk, axis=1)
-    rstd = 1.0 / tl.sqrt(sumsq / H + eps)
-
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < H
+    sumsq = tl.zeros([BB], dtype=tl.float32)
     acc = tl.zeros([BB, BN], dtype=tl.float32)
     for k0 in range(0, H, BK):
         k = k0 + ks
         k_ok = k < H
         xk = tl.load(x_ptr + rows[:, None] * H + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                      other=0.0, cache_modifier=".cg").to(tl.float32)
-        gk = tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        n = xk * rstd[:, None] * gk[None, :]
+        sumsq += tl.sum(xk * xk, axis=1)
+        xg = xk * tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
         wk = tl.load(w_ptr + cols[:, None] * H + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         if UPCAST:  # the interpreter's dot on CPU: fp32 operands
-            acc += tl.dot(n, tl.trans(wk.to(tl.float32)))
-        else:  # the activations rounded to the weights' dtype, as the eager chain's norm output is
-            acc += tl.dot(n.to(wk.dtype), tl.trans(wk))
+            acc += tl.dot(xg, tl.trans(wk.to(tl.float32)))
+        else:  # x g rounded to the weights' dtype, as the eager chain's norm output is (before its 1/rms here)
+            acc += tl.dot(xg.to(wk.dtype), tl.trans(wk))
+    acc *= (1.0 / tl.sqrt(sumsq / H + eps))[:, None]
 
     # Epilogue: silu and the residual, in fp32, one store.
     res = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
@@ -245,7 +241,7 @@ def _blocks(x: torch.Tensor) -> dict:
 
 
 def fused(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """One launch a layer: the norm in the GEMV's prologue, silu and the residual in its epilogue."""
+    """One launch a layer: the norm in the GEMV's K loop and on its output, silu and the residual after."""
     x, w, g = x.contiguous(), w.contiguous(), g.contiguous()
     b, h = x.shape
     meta = _blocks(x)
