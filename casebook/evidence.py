@@ -23,7 +23,7 @@ from casebook.case import SpeedupClaim
 from casebook.claims import Paired, evaluate, pair_key
 from casebook.result import Ceilings, ClaimOutcome, Datasheet, Point, Result, first_error, shape_label
 from casebook.results import ResultError, load
-from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
+from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place, write_share
 
 MAX_BYTES = 32 * 2**20
 """The largest result file read (the stored ones are a few hundred KB)."""
@@ -53,6 +53,8 @@ def ceilings_problems(measured: Ceilings, sheet: Datasheet | None) -> list[str]:
     `DATASHEET_MARGIN`), none missing, none under a hundredth of it."""
     out = []
     pairs = [("copy bandwidth", measured.copy_gbps, sheet.bandwidth_gbps if sheet else None, "GB/s")]
+    pairs += [(f"{what} stream", value, sheet.bandwidth_gbps if sheet else None, "GB/s")
+              for what, value in (("read", measured.read_gbps), ("write", measured.write_gbps)) if value is not None]
     for dtype, peak in ((sheet.peak_tflops if sheet else None) or {}).items():
         pairs.append((f"{dtype} matmul", measured.matmul_tflops.get(dtype), peak, "TFLOP/s"))
     for what, value, peak, unit in pairs:
@@ -96,7 +98,9 @@ def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None)
     if not (all(_finite(v) and v > 0 for v in (roofs.compute_tflops, roofs.bandwidth_gbps, roofs.launch_us))
             and _finite(roofs.graph_launch_us) and roofs.graph_launch_us >= 0):
         return [f"{_label(p)}: the result's measured ceilings are incomplete"]
-    for key, roof in (("compute_roof_tflops", roofs.compute_tflops), ("bandwidth_roof_gbps", roofs.bandwidth_gbps)):
+    share = write_share(p.traffic_terms)
+    for key, roof in (("compute_roof_tflops", roofs.compute_tflops),
+                      ("bandwidth_roof_gbps", roofs.bandwidth_at(share))):
         stored = getattr(p, key)
         if _finite(stored) and abs(stored / roof - 1) > AGREE:
             out.append(f"{_label(p)}: stored {key} {stored:g} is not the result's measured {roof:g}")
@@ -111,7 +115,7 @@ def point_problems(p: Point, measured: Ceilings, link_gbps: float | None = None)
         n = launch_count(direct + graph, roofs)
         spread = (p.median_us - p.p10_us) / p.median_us
         placed = place(p.flops, p.bytes, n, p.median_us, roofs, spread=spread, host_us=p.host_issue_us or 0.0,
-                       link_bytes=link_bytes)
+                       link_bytes=link_bytes, write_share=share)
     except FasterThanPhysics as e:
         return [f"{_label(p)}: {e}"]
     except (TypeError, ValueError) as e:

@@ -74,7 +74,9 @@ class TrafficTerm(Record):
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(description="What the pass is, e.g. `read x`.")
+    name: str = Field(description="What the pass is, e.g. `read x`. Its first word gives its bytes' direction, "
+                                  "which sets their memory roof (`roofline.write_share`): `read` or `write`; any "
+                                  "other, half each (a copy's mix).")
     bytes: float = Field(default=0.0, description="Bytes it moves.")
     flops: float = Field(default=0.0, description="FLOPs it does.")
     link: bool = Field(default=False, description="True where its bytes cross the interconnect between devices "
@@ -198,7 +200,9 @@ class Point(Record):
     compute_roof_tflops: float | None = Field(default=None, description="The compute roof it was placed under, TFLOP/s "
                                                                         "(the measured matmul ceiling of its dtype).")
     bandwidth_roof_gbps: float | None = Field(default=None, description="The bandwidth roof it was placed under, GB/s "
-                                                                        "(the measured copy ceiling).")
+                                                                        "(the measured copy ceiling, or between it "
+                                                                        "and a measured read or write stream by the "
+                                                                        "share of its bytes written).")
     link_bytes: float | None = Field(
         default=None, description="Multi-device cases: the part of `bytes` that crosses the link between devices (a "
                                   "collective's bus bytes, 2(n-1)/n of an all-reduce's message, NCCL's convention).")
@@ -269,6 +273,8 @@ class CeilingMethod(Record):
 
     copy_: str = Field(alias="copy", description="The copy whose bytes read + written over its fastest time are "
                                                  "copy_gbps.")
+    read: str | None = Field(default=None, description="The read-only streams whose fastest rate is read_gbps.")
+    write: str | None = Field(default=None, description="The fill whose rate is write_gbps.")
     matmul: str = Field(description="The matmuls whose fastest rate is matmul_tflops.")
     launch: str = Field(description="The tiny kernel whose cost is launch_us.")
     graph_launch: str | None = Field(default=None, description="On a GPU: the CUDA graph whose per-kernel cost is "
@@ -279,6 +285,13 @@ class Ceilings(Record):
     """The machine's measured ceilings (`hardware.ceilings`): the roofs every point is placed under."""
 
     copy_gbps: float = Field(description="Copy bandwidth, bytes read + written over the fastest copy, GB/s.")
+    read_gbps: float | None = Field(default=None, description="A stream that only reads: bytes read over the "
+                                                              "fastest of the read-only streams timed, GB/s; the "
+                                                              "roof of read-only traffic (`Roofs.bandwidth_at`). "
+                                                              "Absent: not measured, reads at the copy's rate.")
+    write_gbps: float | None = Field(default=None, description="A stream that only writes: bytes written over the "
+                                                               "fastest fill, GB/s. Absent: not measured, writes at "
+                                                               "the copy's rate.")
     matmul_tflops: dict[str, float] = Field(description="Fastest dense matmul rate per dtype, TFLOP/s.")
     launch_us: float = Field(description="Cost of one back-to-back kernel launch (on a CPU, one tiny op call), "
                                          "microseconds.")

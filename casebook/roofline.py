@@ -3,6 +3,11 @@
 A multi-device case has a fourth: the bytes its traffic model sends over the link between devices (a
 collective's bus bytes) over the link's measured bus bandwidth; its other bytes stay on memory's roof.
 
+Memory's roof depends on the traffic's mix: a copy (half read, half written) is slower per byte than a stream
+that only reads, or only writes (the bus turns around between them). Where a read stream and a write stream
+were measured beside the copy, a point's bandwidth roof runs between them by its share of bytes written
+(`Roofs.bandwidth_at`); never under the copy's.
+
 A point is launch-bound where its launch floor is the highest, or where the host needs longer to issue
 the call than any floor allows the GPU (a Python loop of small kernels). Pure arithmetic on measured
 ceilings; nothing here touches a device.
@@ -41,6 +46,21 @@ class Roofs:
     busy: bool = False
     """The ceilings were measured on a busy machine: a time under their floor then says more of them than of
     the kernel."""
+    read_gbps: float | None = None
+    """A stream that only reads (`Ceilings.read_gbps`); None: not measured, reads at the copy's rate."""
+    write_gbps: float | None = None
+    """A stream that only writes (`Ceilings.write_gbps`); None: not measured, writes at the copy's rate."""
+
+    def bandwidth_at(self, write_share: float | None) -> float:
+        """Memory's roof for traffic of which `write_share` of the bytes are written, GB/s: the read stream's
+        at 0, the copy's at 1/2, the write stream's at 1, straight between them; each stream's never under the
+        copy's (a stream slower than the copy was measured badly, not found). None: the copy's."""
+        if write_share is None:
+            return self.bandwidth_gbps
+        share = min(max(write_share, 0.0), 1.0)
+        end = self.read_gbps if share < 0.5 else self.write_gbps
+        end = max(end or self.bandwidth_gbps, self.bandwidth_gbps)
+        return end + (self.bandwidth_gbps - end) * (1 - abs(2 * share - 1))
 
     @property
     def ridge_point(self) -> float:
@@ -53,7 +73,21 @@ class Roofs:
         link): where the run places it (`run.plan`) and where a stored point is placed again (`evidence`)."""
         return cls(compute_roof(ceilings.matmul_tflops, dtype), ceilings.copy_gbps, ceilings.launch_us,
                    link_gbps=link_gbps or None, graph_launch_us=ceilings.graph_launch_us,
-                   busy=bool(ceilings.unstable))
+                   busy=bool(ceilings.unstable), read_gbps=ceilings.read_gbps, write_gbps=ceilings.write_gbps)
+
+
+def write_share(terms) -> float | None:
+    """The share of a traffic model's bytes on memory's roof that are written: a term named `write ...` is
+    written, `read ...` read, any other half each (a copy's mix); the link's bytes are not memory's. None
+    where no bytes are."""
+    written = total = 0.0
+    for t in terms or ():
+        if t.link or not t.bytes:
+            continue
+        name = t.name.lstrip().lower()
+        total += t.bytes
+        written += t.bytes if name.startswith("write") else 0.0 if name.startswith("read") else t.bytes / 2
+    return written / total if total else None
 
 
 def ridge_point(compute_tflops: float, bandwidth_gbps: float) -> float:
@@ -70,6 +104,7 @@ class Placement:
     bandwidth_floor_us: float
     launch_floor_us: float
     link_floor_us: float
+    bandwidth_roof_gbps: float
     floor_us: float
     attainable_tflops: float
     roof_fraction: float
@@ -82,13 +117,14 @@ class Placement:
 
 
 def floors_us(flops: float, bytes_moved: float, launches: float, roofs: Roofs,
-              link_bytes: float = 0.0) -> dict[str, float]:
+              link_bytes: float = 0.0, write_share: float | None = None) -> dict[str, float]:
     """The lower bounds on time, in microseconds: `link_bytes` of `bytes_moved` over the link's roof (where
-    the roofs have one; without, they stay on memory's), the rest over memory's."""
+    the roofs have one; without, they stay on memory's), the rest over memory's roof for their mix
+    (`write_share` of them written: `Roofs.bandwidth_at`)."""
     on_link = link_bytes if roofs.link_gbps else 0.0
     out = {
         "compute": flops / (roofs.compute_tflops * 1e12) * 1e6,
-        "bandwidth": (bytes_moved - on_link) / (roofs.bandwidth_gbps * 1e9) * 1e6,
+        "bandwidth": (bytes_moved - on_link) / (roofs.bandwidth_at(write_share) * 1e9) * 1e6,
         "launch": launches * roofs.launch_us,
     }
     if on_link:
@@ -103,7 +139,8 @@ def host_bound(host_us: float | None, floor_us: float | None) -> bool:
 
 
 def place(flops: float, bytes_moved: float, launches: float, median_us: float, roofs: Roofs,
-          spread: float = 0.0, host_us: float = 0.0, link_bytes: float = 0.0) -> Placement:
+          spread: float = 0.0, host_us: float = 0.0, link_bytes: float = 0.0,
+          write_share: float | None = None) -> Placement:
     """Place a measured median on the roofline; refuse a time that beats physics.
 
     Args:
@@ -113,10 +150,12 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
             floor: another launcher could issue faster, so it neither gates nor sets the roof fraction.
         link_bytes: the part of `bytes_moved` that crosses the link (`roofs.link_gbps`); a point bound by
             the link is in the bandwidth regime (the link's bandwidth), its `link_floor_us` the highest.
+        write_share: the share of the bytes on memory's roof that are written (`write_share`), which sets
+            that roof (`Roofs.bandwidth_at`); None: the copy's.
     """
     if median_us <= 0:
         raise ValueError(f"median must be positive, got {median_us}")
-    f = floors_us(flops, bytes_moved, launches, roofs, link_bytes)
+    f = floors_us(flops, bytes_moved, launches, roofs, link_bytes, write_share)
     floor_regime = max(f, key=f.get)
     floor = f[floor_regime]
     regime = "launch" if host_bound(host_us, floor) else floor_regime.replace("link", "bandwidth")
@@ -134,6 +173,7 @@ def place(flops: float, bytes_moved: float, launches: float, median_us: float, r
         bandwidth_floor_us=f["bandwidth"],
         launch_floor_us=f["launch"],
         link_floor_us=f.get("link", 0.0),
+        bandwidth_roof_gbps=roofs.bandwidth_at(write_share),
         floor_us=floor,
         attainable_tflops=flops / floor / 1e6 if floor else 0.0,
         roof_fraction=floor / median_us,

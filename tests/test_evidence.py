@@ -16,7 +16,7 @@ import pytest
 from casebook import evidence, results
 from casebook.claims import evaluate
 from casebook.load import load_case
-from casebook.result import Ceilings, Datasheet, Hardware, Launches, Point, Result
+from casebook.result import Ceilings, Datasheet, Hardware, Launches, Point, Result, TrafficTerm
 from casebook.validate import validate
 
 from conftest import FIXTURES, REPO, SOFTMAX
@@ -165,6 +165,23 @@ def test_a_point_placed_under_other_ceilings_or_with_uncounted_launches_is_caugh
         "v 1 fp32: stored bandwidth_roof_gbps 20 is not the result's measured 10"]
     counted = p.model_copy(update={"launches": Launches(direct=1, graph=0, counted=True)})
     assert "stored floor 1e+06 us is outside" in evidence.point_problems(counted, CEILINGS)[1]
+
+
+def test_a_read_only_point_is_placed_again_under_the_read_stream_its_ceilings_measured():
+    """A point that only reads, at 1.08x the copy rate: evidence where the result measured a read stream (and
+    its stored roof is that stream's), refused where it did not."""
+    streams = CEILINGS.model_copy(update={"read_gbps": 12.0, "write_gbps": 11.0})
+    p = Point(variant="v", shape={"n": 1}, dtype="fp32", status="ok", median_us=1e3, p10_us=990.0, p90_us=1010.0,
+              flops=0.0, bytes=1.08e7, gbps=10.8, bandwidth_roof_gbps=12.0,
+              traffic_terms=[TrafficTerm(name="read cache", bytes=1.08e7)])
+    assert evidence.point_problems(p, streams) == []
+    assert "faster than physics" in evidence.point_problems(p, CEILINGS)[0]  # held to the copy alone
+    assert "stored bandwidth_roof_gbps 10 is not the result's measured 12" in evidence.point_problems(
+        p.model_copy(update={"bandwidth_roof_gbps": 10.0}), streams)[0]
+    forged = streams.model_copy(update={"read_gbps": 500.0})  # a read stream past the datasheet's bandwidth
+    sheet = Datasheet(name="GPU", match=["GPU"], bandwidth_gbps=100.0)
+    assert evidence.ceilings_problems(forged, sheet) == [
+        "its measured read stream 500 GB/s is above the datasheet's 100 GB/s"]
 
 
 def test_ceilings_above_or_far_under_the_datasheet_are_caught():

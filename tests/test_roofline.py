@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from casebook.roofline import PHYSICS_MARGIN, FasterThanPhysics, Roofs, floors_us, host_bound, place
+from casebook.roofline import PHYSICS_MARGIN, FasterThanPhysics, Roofs, floors_us, host_bound, place, write_share
+from casebook.traffic import Term
 
 # 100 TFLOP/s, 1000 GB/s, 2 us per launch: ridge point 100 FLOP/byte.
 ROOFS = Roofs(compute_tflops=100.0, bandwidth_gbps=1000.0, launch_us=2.0)
@@ -158,3 +159,43 @@ def test_a_dtype_computable_in_fp32_is_placed_under_the_higher_of_the_two_rates(
     assert compute_roof(cpu, "fp64") == 0.08, "fp64 cannot run in fp32: its own rate"
     assert compute_roof(cpu, "tf32") == 0.18, "not measured: fp32's"
     assert compute_roof({"fp32": 51.0, "bf16": 800.0}, "bf16") == 800.0
+
+
+# --- memory's roof by the traffic's mix: a read stream, the copy, a write stream ------------------------------
+
+
+H200ISH = Roofs(compute_tflops=800.0, bandwidth_gbps=4270.0, launch_us=5.0, graph_launch_us=0.8,
+                read_gbps=4600.0, write_gbps=4400.0)
+
+
+def test_memorys_roof_runs_from_the_read_stream_through_the_copy_to_the_write_stream():
+    assert H200ISH.bandwidth_at(0.0) == 4600.0  # only reads
+    assert H200ISH.bandwidth_at(0.5) == 4270.0  # a copy's mix
+    assert H200ISH.bandwidth_at(1.0) == 4400.0  # only writes
+    assert H200ISH.bandwidth_at(0.25) == pytest.approx(4435.0)  # halfway from the read stream to the copy
+    assert H200ISH.bandwidth_at(None) == 4270.0  # a mix not known: the copy's
+
+
+def test_without_streams_measured_or_with_one_slower_than_the_copy_every_mix_is_at_the_copys_rate():
+    plain = Roofs(compute_tflops=800.0, bandwidth_gbps=4270.0, launch_us=5.0)
+    slow = Roofs(compute_tflops=800.0, bandwidth_gbps=4270.0, launch_us=5.0, read_gbps=3000.0)
+    assert {plain.bandwidth_at(s) for s in (0.0, 0.3, 0.5, 1.0)} == {4270.0}
+    assert slow.bandwidth_at(0.0) == 4270.0  # a stream under the copy was measured badly, not found
+
+
+def test_the_share_written_is_read_from_the_traffic_terms_names():
+    terms = [Term("read k", bytes=600.0), Term("read q", bytes=100.0), Term("write o", bytes=100.0),
+             Term("copy the partial (read + write)", bytes=200.0), Term("bus bytes", bytes=1e6, link=True),
+             Term("exp", flops=5.0)]
+    assert write_share(terms) == pytest.approx((100.0 + 100.0) / 1000.0)  # the copy term half each; the link's not
+    assert write_share([Term("exp", flops=1.0)]) is None and write_share(None) is None
+
+
+def test_a_read_only_kernel_over_the_copy_rate_is_placed_under_the_read_stream_not_refused():
+    gb = 1e9  # read at 4.51 TB/s, the rate attention_paged's contiguous rung streamed its cache at on an H200
+    placed = place(0.0, gb, 1, gb / 4510.0 / 1e3, H200ISH, write_share=0.0)
+    assert placed.bandwidth_roof_gbps == 4600.0 and placed.roof_fraction == pytest.approx(4510 / 4600)
+    with pytest.raises(FasterThanPhysics):  # held to the copy, as before the streams were measured
+        place(0.0, gb, 1, gb / 4510.0 / 1e3, H200ISH)
+    with pytest.raises(FasterThanPhysics):  # and over the read stream itself, refused still
+        place(0.0, gb, 1, gb / 5000.0 / 1e3, H200ISH, write_share=0.0)

@@ -285,7 +285,11 @@ def _ceiling_rows(hw: Hardware, every: list[Hardware], environment: Environment 
     result of the machine (a ceiling is measured once per run, and a GPU's clock moves with its load)."""
     d = hw.datasheet
     peaks = (d.peak_tflops if d is not None else None) or {}
-    ceilings = [("copy bandwidth", "GB/s", lambda m: m.copy_gbps, d.bandwidth_gbps if d is not None else None)]
+    sheet_gbps = d.bandwidth_gbps if d is not None else None
+    ceilings = [("copy bandwidth", "GB/s", lambda m: m.copy_gbps, sheet_gbps)]
+    ceilings += [(f"{what} stream bandwidth", "GB/s", lambda m, key=key: getattr(m, key), sheet_gbps)
+                 for what, key in (("read-only", "read_gbps"), ("write-only", "write_gbps"))
+                 if any(getattr(h.measured, key) is not None for h in every)]
     for dtype in dict.fromkeys([*hw.measured.matmul_tflops, *peaks]):
         ceilings.append((f"{dtype} matmul", "TFLOP/s", lambda m, dtype=dtype: m.matmul_tflops.get(dtype),
                          peaks.get(dtype)))

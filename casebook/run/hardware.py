@@ -19,10 +19,11 @@ from casebook.result import Ceilings, Interference, Machine, slug
 from casebook.run.bench import Protocol, time_fn
 from casebook.run.interference import Window
 
-CEILINGS_VERSION = 6
+CEILINGS_VERSION = 7
 """Bumped when what is cached changes meaning; 5: only ceilings measured on a quiet machine are cached, so
 an older cache, which may hold a busy machine's, is measured again; 6: every matmul rate is measured in its own
-dtype (5 copied fp32's to fp64, and on a CPU to every dtype)."""
+dtype (5 copied fp32's to fp64, and on a CPU to every dtype); 7: a read-only and a write-only stream are measured
+beside the copy."""
 
 MATMUL_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 28672, 4096), (2048, 2048, 16384)]
 """m x n x k shapes whose fastest torch.matmul is the compute ceiling (the last two: gemm_tiled shapes
@@ -291,6 +292,7 @@ def ceilings_implausible(measured: dict, ident: Machine) -> list[str]:
     one beyond the datasheet's peak (`evidence.ceilings_problems`). The cache is a file any process of the
     user can write, a variant's child among them: read back, it is measured again rather than believed."""
     rates = [measured.get("copy_gbps"), measured.get("launch_us"),
+             *(measured[k] for k in ("read_gbps", "write_gbps") if measured.get(k) is not None),
              *((measured.get("matmul_tflops") or {}).values() if isinstance(measured.get("matmul_tflops"), dict)
                else [None])]
     if not all(isinstance(r, (int, float)) and r > 0 and r == r and r != float("inf") for r in rates):
@@ -312,7 +314,9 @@ def cached_valid(cached: dict) -> bool:
 
 def best_of(a: dict, b: dict) -> dict:
     """Two measurements of the ceilings merged, each ceiling at its best: the higher rate, the lower cost."""
-    return {**b, "copy_gbps": max(a["copy_gbps"], b["copy_gbps"]),
+    streams = {k: max(v for v in (a.get(k), b.get(k)) if v is not None) for k in ("read_gbps", "write_gbps")
+               if a.get(k) is not None or b.get(k) is not None}
+    return {**b, **streams, "copy_gbps": max(a["copy_gbps"], b["copy_gbps"]),
             "matmul_tflops": {d: max(a["matmul_tflops"].get(d, 0.0), v) for d, v in b["matmul_tflops"].items()},
             "launch_us": min(a["launch_us"], b["launch_us"]),
             "graph_launch_us": min(a["graph_launch_us"], b["graph_launch_us"])}
@@ -335,6 +339,7 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
     dst = torch.empty_like(src)
     copy_us = time_fn(lambda: dst.copy_(src), "cuda", proto).summary.min_us  # noqa: F821 (called before the del below)
     copy_gbps = 2 * src.numel() * 4 / copy_us / 1e3
+    read_gbps, write_gbps = _streams(src, dst, "cuda", proto)
     del src, dst
 
     # A GPU at its power limit runs matmuls at a clock set by its recent power draw, so a ceiling
@@ -387,9 +392,11 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
         for _ in range(n):
             x.add_(1)
     graph_launch_us = time_fn(graph.replay, "cuda", proto).summary.min_us / n
-    return {"copy_gbps": copy_gbps, "matmul_tflops": matmul, "launch_us": launch_us,
-            "graph_launch_us": graph_launch_us, "method": {
+    return {"copy_gbps": copy_gbps, "read_gbps": read_gbps, "write_gbps": write_gbps, "matmul_tflops": matmul,
+            "launch_us": launch_us, "graph_launch_us": graph_launch_us, "method": {
                 "copy": "1 GiB fp32 device-to-device copy_, bytes read + written",
+                "read": STREAMS_METHOD["read"].format(size="1 GiB"),
+                "write": STREAMS_METHOD["write"].format(size="1 GiB"),
                 "matmul": "the fastest random m x n x k torch.matmul of "
                           + ", ".join("x".join(map(str, s)) for s in MATMUL_SHAPES)
                           + (f" in bf16 and tf32, of bf16's {len(best)} fastest in fp16 and fp8" if best_shapes
@@ -398,6 +405,27 @@ def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_
                             "listed (fp8_e5m2) is not measured: its points are placed under the fp32 roof",
                 "launch": f"{n} back-to-back x.add_(1) on one element, per launch",
                 "graph_launch": f"the same {n} kernels replayed in one CUDA graph, per kernel"}}
+
+
+STREAMS_METHOD = {"read": "the fastest of sum() and a matrix-vector product (torch.mv, square) over {size} of fp32, "
+                            "bytes read",
+                  "write": "the faster of fill_(1.0) and zero_() of {size} of fp32, bytes written"}
+
+
+def _streams(src, dst, device: str, proto: Protocol) -> tuple[float, float]:
+    """Read-only and write-only stream rates over `src` and `dst` (GB/s): the roofs of traffic that is not a copy's
+    half-and-half mix (`roofline.Roofs.bandwidth_at`). Each is the fastest of library kernels that keep different
+    amounts in flight, since one that keeps too few would read low, and a ceiling measured low lets an honest
+    kernel look faster than physics."""
+    import torch
+
+    side = int(src.numel() ** 0.5)
+    square, vector = src[: side * side].view(side, side), src[:side]
+    read_us = min(time_fn(lambda: src.sum(), device, proto).summary.min_us,
+                  time_fn(lambda: torch.mv(square, vector), device, proto).summary.min_us * src.numel() / side**2)
+    write_us = min(time_fn(lambda: dst.fill_(1.0), device, proto).summary.min_us,
+                   time_fn(lambda: dst.zero_(), device, proto).summary.min_us)
+    return src.numel() * 4 / read_us / 1e3, dst.numel() * 4 / write_us / 1e3
 
 
 def measure_cpu() -> dict:
@@ -409,6 +437,7 @@ def measure_cpu() -> dict:
     src = torch.randn(2**25, generator=g)  # 128 MiB
     dst = torch.empty_like(src)
     copy_us = time_fn(lambda: dst.copy_(src), "cpu", proto).summary.min_us
+    read_gbps, write_gbps = _streams(src, dst, "cpu", proto)
     matmul = {}
     for name, dtype, n in CPU_MATMULS:
         a = torch.randn(n, n, generator=g).to(getattr(torch, dtype))
@@ -416,9 +445,11 @@ def measure_cpu() -> dict:
         matmul[name] = 2 * n**3 / time_fn(lambda a=a, b=b: a @ b, "cpu", proto).summary.min_us / 1e6
     x = torch.zeros(1)
     call_us = time_fn(lambda: x.add_(1), "cpu", proto).summary.min_us
-    return {"copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3, "matmul_tflops": matmul,
-            "launch_us": call_us, "graph_launch_us": call_us,
+    return {"copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3, "read_gbps": read_gbps, "write_gbps": write_gbps,
+            "matmul_tflops": matmul, "launch_us": call_us, "graph_launch_us": call_us,
             "method": {"copy": "128 MiB fp32 copy_, bytes read + written",
+                       "read": STREAMS_METHOD["read"].format(size="128 MiB"),
+                       "write": STREAMS_METHOD["write"].format(size="128 MiB"),
                        "matmul": "torch.matmul in each dtype: "
                                  + ", ".join(f"{name} {n}^3" for name, _, n in CPU_MATMULS)
                                  + " (a CPU has no tf32: its points are placed under the fp32 roof)",

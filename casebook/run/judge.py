@@ -17,7 +17,7 @@ import statistics
 from casebook.claims import Unpaired
 from casebook.levels import Scenario
 from casebook.result import ClaimPairedTiming, Interference, Launches, Point
-from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place
+from casebook.roofline import FasterThanPhysics, Roofs, launch_count, place, write_share
 from casebook.run.check import TORCH_DTYPES, CheckFailed, compare_output
 from casebook.run.inputs import blends
 from casebook.run.messages import (
@@ -238,7 +238,7 @@ def place_point(task, run: PointRun, times: list[float], ranked: dict, traffic: 
     try:
         p = place(traffic.flops, traffic.bytes, launch_count(launches.direct + launches.graph, roofs),
                   s.median_us, roofs, spread=(s.median_us - s.p10_us) / s.median_us, host_us=host_us,
-                  link_bytes=link_bytes)
+                  link_bytes=link_bytes, write_share=write_share(traffic.terms))
     except FasterThanPhysics as e:
         if roofs.busy:  # the ceiling, not the kernel, is the suspect: not placed, not published
             return Point(**checked, **timed, status="ok",
@@ -249,7 +249,7 @@ def place_point(task, run: PointRun, times: list[float], ranked: dict, traffic: 
                  compute_floor_us=p.compute_floor_us, bandwidth_floor_us=p.bandwidth_floor_us,
                  launch_floor_us=p.launch_floor_us, host_issue_us=host_us, roof_fraction=p.roof_fraction,
                  regime=p.regime, attainable_tflops=p.attainable_tflops, compute_roof_tflops=roofs.compute_tflops,
-                 bandwidth_roof_gbps=roofs.bandwidth_gbps, **_on_link(link_bytes, s.median_us, roofs, p))
+                 bandwidth_roof_gbps=p.bandwidth_roof_gbps, **_on_link(link_bytes, s.median_us, roofs, p))
 
 
 def _present(**fields) -> dict:

@@ -78,6 +78,9 @@ def test_cached_ceilings_beyond_the_datasheet_are_measured_again():
     good = {"copy_gbps": 4200.0, "matmul_tflops": {"bf16": 700.0}, "launch_us": 4.0, "graph_launch_us": 0.8}
     assert ceilings_implausible(good, sheet) == []
     assert ceilings_implausible({**good, "copy_gbps": 48000.0}, sheet)  # a tenfold bandwidth: a tampered cache
+    assert ceilings_implausible({**good, "read_gbps": 4600.0, "write_gbps": 4400.0}, sheet) == []
+    assert ceilings_implausible({**good, "read_gbps": 46000.0}, sheet)
+    assert ceilings_implausible({**good, "write_gbps": -1.0}, sheet)
     assert ceilings_implausible({**good, "matmul_tflops": {"bf16": -1.0}}, sheet)
     assert ceilings_implausible({**good, "launch_us": None}, sheet.model_copy(update={"datasheet": None})) == [
         "a ceiling is not a positive number"]
@@ -107,6 +110,15 @@ def test_ceilings_measured_on_a_busy_machine_are_measured_again_and_never_cached
     assert hardware.ceilings()["copy_gbps"] == 13.0
 
 
+def test_two_measurements_keep_each_stream_at_its_best_and_one_measured_once_as_it_was():
+    a = {**fake_ceilings(10.0), "launch_us": 2.0, "read_gbps": 14.0, "write_gbps": 9.0}
+    b = {**fake_ceilings(12.0), "launch_us": 3.0, "read_gbps": 13.0}
+    merged = hardware.best_of(a, b)
+    assert (merged["copy_gbps"], merged["read_gbps"], merged["write_gbps"], merged["launch_us"]) == (12.0, 14.0, 9.0,
+                                                                                                    2.0)
+    assert "read_gbps" not in hardware.best_of(fake_ceilings(1.0), fake_ceilings(2.0))
+
+
 def test_each_gpu_of_a_host_has_its_own_ceilings_and_is_named_in_the_result(monkeypatch):
     """The ceilings are cached per GPU (its UUID), and the environment names the device that ran."""
     def smi(fields=()):
@@ -133,6 +145,7 @@ def test_a_cpus_matmul_ceilings_are_each_measured_in_their_own_dtype():
         "bf16", "fp16", "fp32", "fp64"]
     assert all(v > 0 for v in measured["matmul_tflops"].values())
     assert "tf32" not in measured["matmul_tflops"] and "no tf32" in measured["method"]["matmul"]
+    assert measured["read_gbps"] > 0 and measured["write_gbps"] > 0 and "bytes read" in measured["method"]["read"]
 
 
 def test_the_ceilings_say_whether_they_were_measured_now_or_read_from_the_cache(tmp_path, monkeypatch):
