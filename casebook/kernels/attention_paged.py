@@ -217,20 +217,25 @@ def paged_tiles_static(acc, m_i, l_i, q, kc_ptr, vc_ptr, table, lo, hi, hk, skp,
                        PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
     """The same keys with the page size a compile-time constant and every tile starting on a page (lo a multiple of
     PAGE, and of BLOCK_N where PAGE >= BLOCK_N): one table load per tile when a page holds whole tiles, else one
-    per key (PAGE keys reading one word), the divisions shifts."""
+    per key (PAGE keys reading one word) loaded a tile ahead, the divisions shifts."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    if PAGE < BLOCK_N:  # the first tile's page words; each iteration loads the next tile's
+        ahead = tl.load(table + (lo + offs_n) // PAGE, mask=(lo + offs_n) < hi, other=0)
     for n0 in range(lo, hi, BLOCK_N):
         ok = (n0 + offs_n) < hi
         if PAGE >= BLOCK_N:  # the tile inside one page: one scalar table load, rows consecutive
             page = tl.load(table + n0 // PAGE).to(tl.int64)
             rows = page * skp + (n0 % PAGE + offs_n) * skt
             rows_v = page * svp + (n0 % PAGE + offs_n) * svt
-        else:  # BLOCK_N // PAGE whole pages: each key's page from the table (PAGE keys share a word, an L1
-            # broadcast), the division and remainder shifts; the addresses stay a plain per-key vector, which the
-            # pipeliner keeps in flight (a [pages, slots] reshape of them ran 0.35x of contiguous on the H200)
+        else:  # BLOCK_N // PAGE whole pages: each key's page word (PAGE keys share one, an L1 broadcast), loaded
+            # an iteration ahead: K and V then depend on no load of their own iteration, and the pipeliner keeps
+            # num_stages - 1 of their tiles in flight, as for contiguous keys (lowered for sm_90, a table load in
+            # the same iteration left one K and one V tile in flight at any num_stages). The addresses stay a plain
+            # per-key vector (a [pages, slots] reshape of them ran 0.35x of contiguous on the H200).
             n = n0 + offs_n
-            page = tl.load(table + n // PAGE, mask=ok, other=0).to(tl.int64)
+            page = ahead.to(tl.int64)
+            ahead = tl.load(table + (n + BLOCK_N) // PAGE, mask=(n + BLOCK_N) < hi, other=0)
             rows = page * skp + (n % PAGE) * skt
             rows_v = page * svp + (n % PAGE) * svt
         k = tl.load(kc_ptr + (rows + hk * skh)[None, :] + offs_d[:, None], mask=ok[None, :], other=0.0)
