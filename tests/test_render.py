@@ -407,6 +407,25 @@ def test_the_shapes_labels_on_a_roofline_never_overprint():
     assert len(shapes) == 4 and not overprinted(left, shapes)
 
 
+def test_a_measured_read_stream_is_drawn_as_its_own_roof_beside_the_copys():
+    """A decode kernel's point over the copy's slope sits under the read stream's, drawn and labelled."""
+    from casebook.render import plots
+    from casebook.render.figures import measured_roofs
+    from casebook.result import Ceilings, Hardware
+
+    streams = Ceilings(copy_gbps=4270.0, read_gbps=4600.0, write_gbps=4400.0, matmul_tflops={"bf16": 800.0},
+                       launch_us=5.0, graph_launch_us=0.8)
+    hw = Hardware(slug="gpu", name="GPU", kind="gpu", measured=streams)
+    assert measured_roofs(hw)["read_gbps"] == 4600.0
+    assert "read_gbps" not in measured_roofs(hw.model_copy(update={"measured": streams.model_copy(
+        update={"read_gbps": 4000.0})}))  # one slower than the copy is not a roof above it
+    data = {"hardware": "GPU", "variants": ["a"], "baseline": "a", "measured": measured_roofs(hw), "datasheet": None,
+            "shapes": ["8x32768"], "points": [{"variant": "a", "dtype": "bf16", "shape": "8x32768", "ai": 1.0,
+                                               "tflops": 4.5, "ceiling_tflops": 4.6, "roof_fraction": 0.98}]}
+    texts = [t.get_text() for t in plots.roofline_figure(data).axes[0].texts]
+    assert "4.6 TB/s read stream" in texts and "4.27 TB/s measured" in texts
+
+
 def test_the_level3_legend_names_every_fill_its_bars_use():
     from matplotlib.colors import to_hex
 

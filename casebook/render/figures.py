@@ -10,7 +10,8 @@ from casebook.result import Hardware, Point
 
 
 def measured_roofs(result_hw: Hardware, points: list[Point] | None = None) -> dict:
-    """The measured ceilings: copy bandwidth; per dtype, the compute roof the run used (else matmul)."""
+    """The measured ceilings: copy bandwidth (and a read stream's, where one was measured faster); per dtype, the
+    compute roof the run used (else matmul)."""
     m = result_hw.measured
     compute = dict(m.matmul_tflops)
     if points:
@@ -20,7 +21,10 @@ def measured_roofs(result_hw: Hardware, points: list[Point] | None = None) -> di
             if _ok(roof):
                 used[p.dtype] = roof
         compute = used or {d: v for d, v in compute.items() if d in {p.dtype for p in points}} or compute
-    return {"bandwidth_gbps": m.copy_gbps, "compute_tflops": _clean(compute), "launch_us": m.launch_us}
+    roofs = {"bandwidth_gbps": m.copy_gbps, "compute_tflops": _clean(compute), "launch_us": m.launch_us}
+    if _ok(m.read_gbps) and m.read_gbps > m.copy_gbps:  # the roof of traffic that only reads, above the copy's
+        roofs["read_gbps"] = m.read_gbps
+    return roofs
 
 
 def datasheet_roofs(result_hw: Hardware, dtypes: set[str] | None = None) -> dict | None:
