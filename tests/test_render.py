@@ -407,8 +407,9 @@ def test_the_shapes_labels_on_a_roofline_never_overprint():
     assert len(shapes) == 4 and not overprinted(left, shapes)
 
 
-def test_a_measured_read_stream_is_drawn_as_its_own_roof_beside_the_copys():
-    """A decode kernel's point over the copy's slope sits under the read stream's, drawn and labelled."""
+def test_a_measured_read_stream_is_named_beside_the_copys_roof():
+    """A decode kernel's point over the copy's slope sits under the read stream's, which the slope's label names
+    (8% apart on an H200: two lines that close would not read apart on log axes)."""
     from casebook.render import plots
     from casebook.render.figures import measured_roofs
     from casebook.result import Ceilings, Hardware
@@ -423,7 +424,7 @@ def test_a_measured_read_stream_is_drawn_as_its_own_roof_beside_the_copys():
             "shapes": ["8x32768"], "points": [{"variant": "a", "dtype": "bf16", "shape": "8x32768", "ai": 1.0,
                                                "tflops": 4.5, "ceiling_tflops": 4.6, "roof_fraction": 0.98}]}
     texts = [t.get_text() for t in plots.roofline_figure(data).axes[0].texts]
-    assert "4.6 TB/s read stream" in texts and "4.27 TB/s measured" in texts
+    assert "4.27 TB/s measured (reads alone 4.6)" in texts
 
 
 def test_the_level3_legend_names_every_fill_its_bars_use():
