@@ -82,14 +82,16 @@ def slot_workers() -> list[int]:
     if not mark:
         return []
     pool, want = mark.split("/", 1)[0], f"{POOL_ENV}={mark}".encode()
+    try:  # the pool's main thread starts its workers: its children, in one read (where the kernel lists them)
+        kids = Path(f"/proc/{pool}/task/{pool}/children").read_text().split()
+    except OSError:
+        kids = [e.name for e in Path("/proc").glob("[0-9]*")
+                if (st := _stat(e.name)) is not None and str(st[0]) == pool]
     out = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        st = _stat(entry.name)
-        if st is None or str(st[0]) != pool:
-            continue
+    for pid in kids:
         try:
-            if want in (entry / "environ").read_bytes().split(b"\0"):
-                out.append(int(entry.name))
+            if want in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                out.append(int(pid))
         except OSError:
             continue
     return out
