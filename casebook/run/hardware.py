@@ -328,7 +328,8 @@ def best_of(a: dict, b: dict) -> dict:
 
 def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_BEST_SHAPES,
                 time_cap_s: float = 0.25) -> dict:
-    """Copy bandwidth (read + write), dense matmul per dtype, one launch, one kernel inside a graph. `rest_s`,
+    """Copy bandwidth (read + write), a read-only and a write-only stream, dense matmul per dtype, one launch, one
+    kernel inside a graph. `rest_s`,
     `best_shapes` (None: every shape for every dtype) and `time_cap_s` (each ceiling's timing) make it as
     thorough as before (2.0, None, 1.0: 41 s on an H200) for a comparison (benchmarks/explore/method/)."""
     import torch
@@ -429,7 +430,8 @@ def _streams(src, dst, device: str, proto: Protocol) -> tuple[float, float]:
 
 
 def measure_cpu() -> dict:
-    """Copy bandwidth (read + write), fp32 matmul, the cost of one tiny op call."""
+    """Copy bandwidth (read + write), a read-only and a write-only stream, the matmuls, the cost of one tiny op
+    call."""
     import torch
 
     proto = Protocol(cache="warm", time_cap_s=0.5)
