@@ -329,9 +329,9 @@ def best_of(a: dict, b: dict) -> dict:
 def measure_gpu(rest_s: float = MATMUL_REST_S, best_shapes: int | None = MATMUL_BEST_SHAPES,
                 time_cap_s: float = 0.25) -> dict:
     """Copy bandwidth (read + write), a read-only and a write-only stream, dense matmul per dtype, one launch, one
-    kernel inside a graph. `rest_s`,
-    `best_shapes` (None: every shape for every dtype) and `time_cap_s` (each ceiling's timing) make it as
-    thorough as before (2.0, None, 1.0: 41 s on an H200) for a comparison (benchmarks/explore/method/)."""
+    kernel inside a graph. `rest_s`, `best_shapes` (None: every shape for every dtype) and `time_cap_s` (each
+    ceiling's timing) make it as thorough as before (2.0, None, 1.0: 41 s on an H200) for a comparison
+    (benchmarks/explore/method/)."""
     import torch
 
     proto = Protocol(cache="warm", time_cap_s=time_cap_s)
