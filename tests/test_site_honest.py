@@ -216,6 +216,21 @@ def test_hardware_json(cli, monkeypatch):
     assert doc["slug"] == "cpu-test" and doc["measured"]["copy_gbps"] == 12.5
 
 
+def test_hardware_lists_the_streams_beside_the_copy(cli, monkeypatch):
+    from casebook.run import hardware
+
+    monkeypatch.setattr(hardware, "identify", lambda: Machine(slug="cpu-test", name="Test CPU", kind="cpu",
+                                                               datasheet=None))
+    ceilings = {"copy_gbps": 12.5, "read_gbps": 19.0, "write_gbps": 14.0, "matmul_tflops": {"fp32": 0.2},
+                "launch_us": 2.0, "graph_launch_us": 2.0}
+    monkeypatch.setattr(hardware, "ceilings", lambda remeasure=False: ceilings)
+    monkeypatch.setenv("COLUMNS", "200")
+    result = cli("hardware")
+    assert result.exit_code == 0
+    assert "memory bandwidth (reads only)" in result.output and "19 GB/s" in result.output
+    assert "memory bandwidth (writes only)" in result.output and "14 GB/s" in result.output
+
+
 def test_serve_prints_its_url(monkeypatch, capsys):
     import mkdocs.commands.serve
 

@@ -32,6 +32,9 @@ def main(remeasure: bool, json_out: bool = False) -> int:
     peaks = (sheet.peak_tflops if sheet else None) or {}
     row("memory bandwidth (copy, read + write)", measured["copy_gbps"], sheet.bandwidth_gbps if sheet else None,
         "GB/s")
+    for what, key in (("reads only", "read_gbps"), ("writes only", "write_gbps")):  # the roofs of other mixes
+        if measured.get(key) is not None:
+            row(f"memory bandwidth ({what})", measured[key], sheet.bandwidth_gbps if sheet else None, "GB/s")
     for dtype in dict.fromkeys([*measured["matmul_tflops"], *peaks]):  # a datasheet dtype not measured: "-"
         row(f"dense matmul {dtype}", measured["matmul_tflops"].get(dtype), peaks.get(dtype), "TFLOP/s")
     row("one tiny launch" if ident.kind == "gpu" else "one tiny op call", measured["launch_us"], None, "us")
