@@ -11,6 +11,8 @@
 #                                                 # what failed and why in one summary
 #   bash benchmarks/gpu_session.sh book           # issue 44: `casebook run --all --save --resume --counters`
 #                                                 # until DEADLINE (CASES: an order), the cache carried in and back
+#   bash benchmarks/gpu_session.sh explore        # the explorations waiting for a GPU (EXPLORE: which), timed,
+#                                                 # then under ncu where they offer --once
 #   bash benchmarks/gpu_session.sh pace           # issue 43: the device crossing probed, the README's main job
 #                                                 # timed fresh (profiled where py-spy is installed) and cached,
 #                                                 # each point's harness cost, a run cut at 60 s and resumed, the
@@ -164,6 +166,29 @@ case "${1:-}" in
     fi
     kill $smi
     pack_cache ;;
+  explore)  # the explorations that wait for a GPU, in one call: each script's timings (logs/explore_<name>.txt),
+            # then, where ncu is installed, the DRAM and L2 counters of those that offer `--once`; EXPLORE names
+            # other scripts (paths under benchmarks/explore), DEADLINE as for `book`
+    end=${DEADLINE:-560}
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
+    metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
+    for script in ${EXPLORE:-norm_backward/wide_rows.py attention/decode_splits.py rmsnorm/onepass_warps.py \
+                  transpose/tma_boxes.py}; do
+      name=$(basename "$script" .py)
+      [ $SECONDS -lt $((end - 30)) ] || { echo "$name: not run (the call's time is spent)"; continue; }
+      timeout $((end - SECONDS)) python3 "benchmarks/explore/$script" > "$out/logs/explore_$name.txt" 2>&1
+      echo "$name: exit $?"; tail -4 "$out/logs/explore_$name.txt"
+    done
+    if [ -n "$ncu_bin" ]; then
+      for script in norm_backward/wide_rows.py rmsnorm/onepass_warps.py; do
+        [ $SECONDS -lt $((end - 60)) ] || break
+        name=$(basename "$script" .py)
+        timeout $((end - SECONDS)) "$ncu_bin" --clock-control none --metrics "$metrics" --csv \
+          python3 "benchmarks/explore/$script" --once > "$out/logs/ncu_$name.csv" 2>&1
+        echo "ncu $name: exit $?"
+      done
+    fi ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
          # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
          # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200
@@ -178,7 +203,7 @@ case "${1:-}" in
     timeout 120 python3 -m pytest -q tests/run/test_distributed.py > "$out/logs/distributed_pytest.txt" 2>&1
     echo "distributed pytest: exit $?"; tail -3 "$out/logs/distributed_pytest.txt"
     run_case allreduce_norm $((590 - SECONDS)) ;;
-  *) echo "usage: $0 case CASE [TESTS [K]] | gpu-tests | book | pace | pool | allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 case CASE [TESTS [K]] | gpu-tests | book | explore | pace | pool | allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
