@@ -280,7 +280,8 @@ class _Pool:
         del self.running[conn]
         conn.close()
         code = _end(r.proc, died=msg is None)
-        if not r.waiting:  # a prestarted worker that ended at its gate never took its devices
+        at_gate = r.waiting  # a prestarted worker that ended at its gate never took its devices
+        if not at_gate:
             self.free.extend(r.devices)
         seconds = time.monotonic() - r.started
         status = "crashed" if msg is None else "ok" if msg[0] == "done" else "error"
@@ -294,8 +295,9 @@ class _Pool:
         doc = msg[1] if status == "ok" else None
         if status == "error":
             error = f"{msg[1]}\n{msg[2]}"
-        self.finish(i, Outcome(r.job, status, r.devices, doc=doc, error=error, attempts=attempts, seconds=seconds,
-                               where="device " + ",".join(r.devices)))
+        where = f"{'at its gate, before ' if at_gate else ''}device {','.join(r.devices)}"
+        self.finish(i, Outcome(r.job, status, () if at_gate else r.devices, doc=doc, error=error, attempts=attempts,
+                               seconds=seconds, where=where))
 
 
 def _on_terminate():

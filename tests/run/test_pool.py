@@ -165,6 +165,16 @@ def test_a_prestarted_worker_that_dies_at_its_gate_leaves_the_device_to_the_case
     assert c.doc["through_gate"] > a.doc["ended"]  # device 0 was never handed to two cases at once
 
 
+@pytest.mark.slow
+def test_a_case_that_fails_at_its_gate_never_held_the_device_it_waited_for():
+    """Its end names no device, so the board does not mark the running case's device idle."""
+    a, b = run_pool([Job(Path("a.yaml")), Job(Path("b.yaml"))], ["0"], _work("where"),
+                    {"sleep_s": {"a.yaml": 2.0}, "raise_at_gate": ["b.yaml"]}, prestart=True)
+    assert a.status == "ok" and a.devices == ("0",)
+    assert b.status == "error" and "raised at its gate" in b.error
+    assert b.devices == () and b.where == "at its gate, before device 0"
+
+
 # --- real cases --------------------------------------------------------------------------------
 
 
