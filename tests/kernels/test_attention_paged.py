@@ -139,3 +139,22 @@ def test_a_blended_set_keeps_the_contiguous_copy_equal_to_the_pool():
     assert not torch.equal(x["k"], k0)  # the blend moved it
     for n in ("k", "v"):
         assert torch.equal(x[n], mod.gather(x[f"{n}_cache"], x["block_table"])[:, :, :37])
+
+
+@pytest.mark.slow
+def test_the_static_paged_loop_keeps_two_kv_tiles_in_flight_lowered_for_sm90():
+    """With the page words a tile ahead, K and V depend on no load of their own iteration, and at 3 stages the
+    pipeliner keeps two of each in flight, as for contiguous keys (with the table load in the same iteration:
+    one, at any stage count)."""
+    from lowering import lowered
+
+    out = lowered("""
+        import re
+        from casebook.kernels import attention_paged as ap
+        types = {"qk_scale": "fp32", "bt_ptr": "*i32", "len_ptr": "*i32", "lse_ptr": "*fp32", "part_ptr": "*fp32",
+                 "count_ptr": "*i32"}
+        ir = lower(ap._paged_decode, types, {"ROWS": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "UPCAST": False,
+                                             "STATIC_PAGE": 16, "DIRECT": False}, num_warps=4, num_stages=3)
+        print(sorted(set(re.findall(r"memdesc<(\\d+)x(?:128x64|64x128)xbf16", ir))))
+    """)
+    assert out.strip() == "['2']", out

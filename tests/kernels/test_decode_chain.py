@@ -121,3 +121,19 @@ def test_decode_step_runs_the_chain_then_the_head():
     base = mod.decode_step(mod.eager, **inputs)
     assert base.shape == (2, 50)
     torch.testing.assert_close(mod.decode_step(mod.persistent, **inputs), base, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_fused_layer_loads_nothing_one_after_another_lowered_for_sm90():
+    """The norm's sums ride the GEMV's K loop (the x, g and w tiles copied asynchronously ahead): the only plain
+    load left is the epilogue's residual. A prologue loop of its own was 16 serial loads of x a layer."""
+    from lowering import lowered
+
+    out = lowered("""
+        from casebook.kernels import decode_chain as dc
+        ir = lower(dc._fused_layer_kernel, {"eps": "fp32"}, {"BB": 16, "BN": 32, "BK": 256, "UPCAST": False},
+                   num_warps=4, num_stages=3)
+        print(ir.count("tt.load "), ir.count("ttg.async_copy_global_to_local"))
+    """)
+    plain, copies = map(int, out.split())
+    assert plain == 1 and copies >= 3, out
