@@ -8,9 +8,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: @triton.jit reads it then
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import triton
@@ -18,8 +15,6 @@ from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
 from casebook.kernels import attention_prefill as mod
 from casebook.tolerance import TOLERANCE
-
-from conftest import REPO
 
 CASE = load("attention_prefill")
 ON_CPU = cpu_rungs(CASE)
@@ -99,27 +94,18 @@ def test_a_toolchain_that_cannot_warp_specialise_skips_the_rung_with_its_reason(
         ac.flash_forward(q, k, v, causal=False, tma=True, warp_specialize=False)
 
 
-WS_PROBE = """
-from casebook.kernels import attention_common as ac
-for capability in ((10, 0), (9, 0)):
-    print(ac._ws_lowering(capability, 128, "bf16"))
-"""
-
-
 @pytest.mark.slow
 def test_the_ws_rung_asks_the_compiler_whether_it_split_the_loop():
     """Without a GPU: the kernel lowered ahead of time for sm_100, where Triton's automatic warp specialisation
     splits the loop, is seen to be split; for sm_90 the answer is this Triton's (3.6 and 3.9: not split)."""
-    try:
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.backends.nvidia import compiler  # noqa: F401
-    except ImportError:
-        pytest.skip("this Triton has no NVIDIA backend")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the interpreter's kernels do not lower
-    r = subprocess.run([sys.executable, "-c", WS_PROBE], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    blackwell, hopper = r.stdout.splitlines()[-2:]
+    from lowering import lowered
+
+    out = lowered("""
+        from casebook.kernels import attention_common as ac
+        for capability in ((10, 0), (9, 0)):
+            print(ac._ws_lowering(capability, 128, "bf16"))
+    """)
+    blackwell, hopper = out.splitlines()[-2:]
     assert blackwell == "None", blackwell
     assert hopper == "None" or hopper.startswith(f"Triton {triton.__version__} ") and "sm_90" in hopper, hopper
 
