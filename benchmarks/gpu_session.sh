@@ -173,6 +173,7 @@ case "${1:-}" in
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
+    metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
     for script in ${EXPLORE:-norm_backward/wide_rows.py attention/decode_splits.py rmsnorm/onepass_warps.py \
                   transpose/tma_boxes.py}; do
       name=$(basename "$script" .py)
@@ -181,7 +182,7 @@ case "${1:-}" in
       echo "$name: exit $?"; tail -4 "$out/logs/explore_$name.txt"
     done
     if [ -n "$ncu_bin" ]; then
-      for script in norm_backward/wide_rows.py rmsnorm/onepass_warps.py; do
+      for script in norm_backward/wide_rows.py rmsnorm/onepass_warps.py transpose/tma_boxes.py; do
         [ $SECONDS -lt $((end - 60)) ] || break
         name=$(basename "$script" .py)
         timeout $((end - SECONDS)) "$ncu_bin" --clock-control none --metrics "$metrics" --csv \

@@ -22,6 +22,9 @@ written once). Each kernel's output is checked against torch's transpose first.
 
     python3 benchmarks/explore/transpose/tma_boxes.py [ROWS COLS]          (GPU)
     TRITON_INTERPRET=1 python3 benchmarks/explore/transpose/tma_boxes.py --check   (CPU: correctness only)
+    ncu --clock-control none --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,\\
+smsp__inst_executed_op_shared_st.sum,dram__bytes_read.sum,dram__bytes_write.sum \\
+        python3 benchmarks/explore/transpose/tma_boxes.py --once                    (each kernel once, its counters)
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def main() -> None:
         return check()
     from triton.testing import do_bench
 
+    once = "--once" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rows, cols = (int(args[0]), int(args[1])) if len(args) == 2 else (16384, 16384)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -102,6 +106,8 @@ def main() -> None:
             try:
                 if not torch.equal(fn(), want):
                     print(f"  {label:34s} WRONG")
+                    return
+                if once:  # under ncu: each kernel's counters (the turn's shared-memory bank conflicts), not times
                     return
                 us = do_bench(fn) * 1e3
                 print(f"  {label:34s} {us:8.1f} us  {moved / us / 1e6:5.2f} TB/s", flush=True)
