@@ -189,7 +189,7 @@ _STARTING = threading.Lock()
 
 
 @contextlib.contextmanager
-def _started_with(env: dict[str, str]):
+def started_with(env: dict[str, str]):
     """This process's environment holds `env` while a child is started, so the child's initial environment does:
     the block `/proc/<pid>/environ` shows, which a process forked from the child without exec keeps whatever it
     sets later (a token set in the child after its start was not there, and such a grandchild escaped the hunt),
@@ -255,9 +255,9 @@ class Worker:
         self.proc = _ctx.Process(target=_serve, args=(self.worker, self.env, child, self.token, os.getpid(),
                                                       self.spill, self.warm), daemon=True)
         try:
-            with _STARTING:  # the token and env in the environment the child starts with: see `_started_with`
+            with _STARTING:  # the token and env in the environment the child starts with: see `started_with`
                 resource_tracker.ensure_running()  # started before, never with a child's token: shared by all
-                with _started_with({**self.env, TOKEN_ENV: self.token}):
+                with started_with({**self.env, TOKEN_ENV: self.token}):
                     self.proc.start()
         except BaseException:
             self.proc = None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from casebook.run.interference import POOL_ENV
+from casebook.run.isolate import started_with
 
 FAKE_DEVICES_ENV = "CASEBOOK_FAKE_DEVICES"
 """`CASEBOOK_FAKE_DEVICES=N`: a pool of N devices named 0..N-1 where there is no GPU (each worker is
@@ -208,15 +209,9 @@ class _Pool:
         cpus = tuple(c for d in devs for c in self.shares[d])
         gate = _ctx.Event() if waiting else None
         proc = _ctx.Process(target=_worker, args=(self.work, job.case, self.args, worker_env(devs), cpus, child, gate))
-        before = os.environ.get(POOL_ENV)
-        os.environ[POOL_ENV] = f"{os.getpid()}/{','.join(devs)}"  # in its environment from its start: who it is
-        try:                                                        # to the case it waits for (`interference`)
+        # in its environment from its start: who it is to the case it waits for (`interference.slot_workers`)
+        with started_with({POOL_ENV: f"{os.getpid()}/{','.join(devs)}"}):
             proc.start()
-        finally:
-            if before is None:
-                os.environ.pop(POOL_ENV, None)
-            else:
-                os.environ[POOL_ENV] = before
         child.close()
         r = _Running(job, devs, proc, time.monotonic(), attempts, gate)
         self.running[parent] = (i, r)
