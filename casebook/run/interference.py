@@ -218,8 +218,8 @@ def gpu_state() -> dict | None:
     state = _nvml_state(index) or _nvidia_smi_state(device)
     if state is None:
         return None
-    roots = run_roots()  # a multi-device run's ranks, a prestarted case's worker: their trees
-    mine = run_family() | set(roots) | tree_pids(roots)  # and the run's workers
+    mine = run_family() | tree_pids(run_roots())  # the run's workers; a multi-device run's ranks, a prestarted
+    # case's worker, and their trees
     return {**state, "other_processes": sorted(p for p in state["other_processes"] if p not in mine)}
 
 
