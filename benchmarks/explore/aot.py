@@ -25,13 +25,13 @@ def compile_report(kernel, signature: dict[str, str], constexprs: dict[str, obje
     return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
 
 
-def jit_report(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int = 90, unaligned=(),
-               **options) -> str:
-    """Lower a `@triton.jit` kernel (or an autotuned or heuristics wrapper of one) for sm_`arch`(a) as its
+def lower(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int = 90, unaligned=(), **options):
+    """A `@triton.jit` kernel (or an autotuned or heuristics wrapper of one) compiled for sm_`arch`(a) as its
     launcher would: arguments named in `types` take that type, other `*_ptr`s bf16, the rest i32; every pointer
     and integer 16-divisible, as the launcher specialises the book's aligned tensors and shapes (sizes that are
     multiples of 16), except those named in `unaligned`. The divisibility decides whether loads vectorise and
-    whether the pipeliner may copy them asynchronously: without it a loop comes out unpipelined."""
+    whether the pipeliner may copy them asynchronously: without it a loop comes out unpipelined. The compiled
+    kernel: its `asm` holds the TTGIR, PTX and cubin."""
     while not isinstance(kernel, triton.runtime.jit.JITFunction):
         kernel = kernel.fn
     names = kernel.arg_names
@@ -40,7 +40,13 @@ def jit_report(kernel, types: dict[str, str], constexprs: dict[str, object], arc
     aligned = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(names)
                if (signature[n].startswith("*") or signature[n] in ("i32", "i64")) and n not in unaligned}
     src = ASTSource(kernel, signature, {(names.index(k), ): v for k, v in constexprs.items() if k in names}, aligned)
-    return report(triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options), arch)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def jit_report(kernel, types: dict[str, str], constexprs: dict[str, object], arch: int = 90, unaligned=(),
+               **options) -> str:
+    """`report` of the kernel as `lower` compiles it."""
+    return report(lower(kernel, types, constexprs, arch, unaligned, **options), arch)
 
 
 def report(compiled, arch: int = 90) -> str:

@@ -1,6 +1,7 @@
 """Kernels lowered for sm_90a without a GPU, for the tests that hold a kernel's lowered shape (what the pipeliner
 made of its loops, the buffers it keeps in flight): Triton compiles for any target it knows, but not the
-interpreter's kernels, so the lowering runs in a child process without TRITON_INTERPRET."""
+interpreter's kernels, so the lowering runs in a child process without TRITON_INTERPRET, with the explorations'
+`lower` (benchmarks/explore/aot.py) at hand."""
 
 from __future__ import annotations
 
@@ -14,34 +15,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-LOWER = textwrap.dedent("""
-    import json, sys
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    def lower(kernel, types, constexprs, **options):
-        '''The TTGIR of `kernel` for sm_90a, every pointer and integer 16-divisible as the launcher specialises
-        the book's aligned tensors and shapes.'''
-        while not isinstance(kernel, triton.runtime.jit.JITFunction):
-            kernel = kernel.fn
-        names = kernel.arg_names
-        sig = {n: "constexpr" if n in constexprs else types.get(n, "*bf16" if n.endswith("ptr") else "i32")
-               for n in names}
-        aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n][0] == "*" or sig[n] == "i32"}
-        src = ASTSource(kernel, sig, {(names.index(k),): v for k, v in constexprs.items()}, aligned)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
-""")
+LOWER = "import sys; sys.path.insert(0, 'benchmarks/explore'); from aot import lower\n"
 
 
 def lowered(snippet: str) -> str:
-    """What `snippet` prints, run after `LOWER` (its `lower` at hand) in a process without TRITON_INTERPRET."""
+    """What `snippet` prints, run with `lower` imported in a process without TRITON_INTERPRET (Triton's default
+    FP fusion kept, as the launcher's)."""
     try:
         from triton.backends.nvidia import compiler  # noqa: F401
     except ImportError:
         pytest.skip("this Triton has no NVIDIA backend")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
     r = subprocess.run([sys.executable, "-c", LOWER + textwrap.dedent(snippet)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r.stdout

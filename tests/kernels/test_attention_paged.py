@@ -153,8 +153,8 @@ def test_the_static_paged_loop_keeps_two_kv_tiles_in_flight_lowered_for_sm90():
         from casebook.kernels import attention_paged as ap
         types = {"qk_scale": "fp32", "bt_ptr": "*i32", "len_ptr": "*i32", "lse_ptr": "*fp32", "part_ptr": "*fp32",
                  "count_ptr": "*i32"}
-        ir = lower(ap._paged_decode, types, {"ROWS": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "UPCAST": False,
-                                             "STATIC_PAGE": 16, "DIRECT": False}, num_warps=4, num_stages=3)
+        consts = {"ROWS": 16, "HEAD_DIM": 128, "BLOCK_N": 64, "UPCAST": False, "STATIC_PAGE": 16, "DIRECT": False}
+        ir = lower(ap._paged_decode, types, consts, num_warps=4, num_stages=3).asm["ttgir"]
         print(sorted(set(re.findall(r"memdesc<(\\d+)x(?:128x64|64x128)xbf16", ir))))
     """)
     assert out.strip() == "['2']", out

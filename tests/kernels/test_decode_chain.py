@@ -132,7 +132,7 @@ def test_the_fused_layer_loads_nothing_one_after_another_lowered_for_sm90():
     out = lowered("""
         from casebook.kernels import decode_chain as dc
         ir = lower(dc._fused_layer_kernel, {"eps": "fp32"}, {"BB": 16, "BN": 32, "BK": 256, "UPCAST": False},
-                   num_warps=4, num_stages=3)
+                   num_warps=4, num_stages=3).asm["ttgir"]
         print(ir.count("tt.load "), ir.count("ttg.async_copy_global_to_local"))
     """)
     plain, copies = map(int, out.split())
