@@ -21,7 +21,7 @@
 #                                                 # a GPU, the table of what ran where
 #   bash benchmarks/gpu_session.sh allreduce      # issue 35, on an nvidia-h200-x2 machine: the topology, the
 #                                                 # launcher's tests, then allreduce_norm on its two ranks
-# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/nvidia-h200/<case>.json with its run's
+# Then, here: tar -xzf <files_at>/results.tgz, compare, commit results/<slug>/<case>.json with its run's
 # log beside it (logs/<case>.txt as <case>.run-log.txt, .err as .run-progress.txt).
 set -uo pipefail
 # DEADLINE (seconds from the start), where an entry honours it: when its last run must end, inside the call's
@@ -52,6 +52,9 @@ sync_git() {  # the copy's git metadata brought to the commit its files are: the
   fi
 }
 sync_git
+# the machine's hardware name (nvidia-h200, nvidia-h100-sxm, ...): a call named for one kind may get another
+slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().slug)' 2>/dev/null || echo unknown)
+echo "machine: $slug"
 
 run_case() {  # run_case CASE SECONDS [ARGS...]
   local case=$1 limit=$2
@@ -84,11 +87,15 @@ pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file)
 cost_of_kept() {  # cost_of_kept NAME: the softmax run kept last, its harness cost a point and its medians against
                   # the committed result
   local kept
-  kept=$(ls -t "$CASEBOOK_CACHE"/runs/nvidia-h200/softmax_fusion/*.json* | head -1)
+  kept=$(ls -t "$CASEBOOK_CACHE/runs/$slug"/softmax_fusion/*.json* | head -1)
   python3 benchmarks/harness_overhead.py "$kept" --points > "$out/logs/overhead_$1.txt" 2>&1
   tail -1 "$out/logs/overhead_$1.txt"
-  python3 -m casebook.cli compare results/nvidia-h200/softmax_fusion.json "$kept" > "$out/logs/compare_$1.txt" 2>&1
-  tail -3 "$out/logs/compare_$1.txt"
+  if [ -f "results/$slug/softmax_fusion.json" ]; then
+    python3 -m casebook.cli compare "results/$slug/softmax_fusion.json" "$kept" > "$out/logs/compare_$1.txt" 2>&1
+    tail -3 "$out/logs/compare_$1.txt"
+  else
+    echo "compare: no committed softmax result for $slug"
+  fi
 }
 
 case "${1:-}" in
@@ -111,7 +118,7 @@ case "${1:-}" in
     grep -h -E '^(FAILED|ERROR)' "$out"/logs/*_gpu.txt | cut -c1-200 | head -40 ;;
   book)  # issue 44: the book's own refresh, one command run again in each call until nothing is left. It stores
           # into this copy's results/, so a case whose committed result is current is left alone; CASES names
-          # cases in the order wanted (default --all); every results/nvidia-h200 file comes back in
+          # cases in the order wanted (default --all); every results/<slug> file comes back in
           # results.tgz, the cache (compiled kernels, autotuning picks, the runs cut short) as cache.tgz(.part-*).
           # Carry the last call's cache compressed, as it came back: copy its cache.tgz* into .cbcache-in/ (ignored)
           # (a `pace` call's too) and name `.cbcache-in` in carry; unpacked here, a case measured before compiles
@@ -124,7 +131,7 @@ case "${1:-}" in
       > "$out/logs/book.txt" 2> "$out/logs/book.err"
     echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced|kept in" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
     timeout 30 python3 -m casebook.cli check > "$out/logs/check.txt" 2>&1; tail -1 "$out/logs/check.txt"
-    cp -r results/nvidia-h200/. "$out/results/"
+    [ -d "results/$slug" ] && cp -r "results/$slug/." "$out/results/"
     pack_cache ;;
   pace)  # issue 43: the harness at the GPU's pace, on a fresh machine: the device crossing probed; the README's
          # main job timed fresh (under py-spy, every process sampled, where it is installed: where the wall time
