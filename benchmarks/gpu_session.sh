@@ -142,8 +142,10 @@ case "${1:-}" in
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader -lms 500 > "$out/logs/gpu_memory.csv" &
     smi=$!
     python3 -c 'import pynvml; pynvml.nvmlInit(); print("nvml: yes")' 2>/dev/null || echo "nvml: no (nvidia-smi a point)"
-    timeout 90 python3 benchmarks/explore/method/crossing_probe.py > "$out/logs/probe.txt" 2>&1
-    echo "probe: exit $?"; tail -4 "$out/logs/probe.txt"
+    if [ "${PACE_PROBE:-1}" = 1 ]; then  # PACE_PROBE=0: the crossing known, the run's own time alone wanted
+      timeout 90 python3 benchmarks/explore/method/crossing_probe.py > "$out/logs/probe.txt" 2>&1
+      echo "probe: exit $?"; tail -4 "$out/logs/probe.txt"
+    fi
     runs=${PACE_RUNS-fresh cached}  # `cached` alone (or nothing: the cut run and its resumption alone): with the
                                     # cache a `pace` call brought back, carried in as .cbcache-in/pace.tgz*
     [ "${runs%% *}" = fresh ] || carry_in pace
