@@ -30,7 +30,7 @@ from casebook.run.check import TORCH_DTYPES
 from casebook.run.distributed import run_ranks
 from casebook.run.interference import cpu_threads, gpu_state
 from casebook.run.judge import TIMED_SAMPLES
-from casebook.run.transport import digest
+from casebook.run.transport import digest, lent
 
 KERNELS_PACKAGE = "casebook.kernels"
 
@@ -238,8 +238,21 @@ def _snapshot(x) -> dict:
 
     if type(x) is not torch.Tensor:
         return {"type": type(x).__name__}
-    copy = torch.Tensor.clone(torch.Tensor.detach(x))
+    x = torch.Tensor.detach(x)
+    loan = lent()  # the copy taken straight into the memory lent for the answer, where it can be
+    copy = loan.hold(x) if loan is not None else None
+    if copy is None:
+        copy = torch.Tensor.clone(x)
     return {"type": "Tensor", "device": x.device.type, "tensor": copy, "digest": digest(copy)}
+
+
+def _release(rec: dict) -> None:
+    """The loan's room a kept call's snapshots took, free again (the call was dropped from the sample)."""
+    loan = lent()
+    if loan is not None:
+        for output in rec["outputs"]:
+            if "tensor" in output:
+                loan.release(output["tensor"])
 
 
 def _overlaps(a, b) -> bool:
@@ -283,6 +296,8 @@ class _Reservoir:
             slot = self.rng.randrange(self.seen)
             if slot >= self.k:
                 return
+            _release(self.kept[slot][1])
+            self.kept[slot] = None
         self.kept[slot] = (self.seen, (make or self.make)(out, self.rotation.k))
 
 

@@ -39,6 +39,7 @@ from casebook.run.transport import (
     receive,
     send,
     send_frames,
+    serving,
     split,
 )
 
@@ -148,6 +149,10 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
         if request is None:
             return
         task, loan = request
+        try:  # the loan opened first, so the kept calls' outputs are snapshot into it (`transport.lent`)
+            serving(open_loan(loan))
+        except Exception:  # refused, or sent through the host, as the answer is sent below
+            serving(None)
         try:
             payload = worker(task)
         except Exception as e:  # a raising task is recorded, and the child goes on
@@ -178,6 +183,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
                 frames = split({"done": {"status": "crashed", "error": f"unsendable answer: {type(e).__name__}: {e}"}})
             break
         send_frames(conn, *frames)
+        serving(None)
         del payload, frames  # the answer's tensors let go before the child waits for the next request
         give_back_device_memory()
 

@@ -209,29 +209,77 @@ class NoRoom(Exception):
 
 
 class Outbox:
-    """In the child: the arena lent for one request, filled from its start, each tensor `ALIGN`ed."""
+    """In the child: the arena lent for one request. Each tensor takes an `ALIGN`ed span of it, the first gap
+    that holds it: copied in when the answer is sent (`put`), or earlier, when a kept call's output is snapshot
+    (`hold`), so that the snapshot is the copy the parent reads and is not copied again (the child held each
+    kept output twice, as a snapshot and in the arena: 26 GB at the cross-entropy case's largest point)."""
 
     def __init__(self, memory, grant: dict):
         self.memory, self.id = memory, grant["id"]
-        self.room, self.grow, self.used = int(grant["room"]), bool(grant.get("grow")), 0
+        self.room, self.grow = int(grant["room"]), bool(grant.get("grow"))
         self.device = memory.device
+        self.spans: dict[int, int] = {}
+        """The spans taken now, offset: bytes."""
 
     def takes(self, t) -> bool:
         return t.device.type == self.device
 
+    def _place(self, n: int) -> int:
+        at = 0
+        for offset in sorted(self.spans):
+            if aligned(at) + n <= offset:
+                break
+            at = max(at, offset + self.spans[offset])
+        at = aligned(at)
+        if at + n > self.room:
+            raise NoRoom(f"{n} bytes, more than the {max(0, self.room - sum(self.spans.values()))} left of the "
+                         f"{self.room} the task allows for its outputs")
+        self.spans[at] = n
+        return at
+
+    def _view(self, at: int, t):
+        return self.memory.tensor[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+
+    def held(self, t) -> int | None:
+        """The offset of `t` where it is a tensor `hold` made and has not released; else None."""
+        tensor = getattr(self.memory, "tensor", None)
+        if tensor is None or not self.takes(t):
+            return None
+        at = t.data_ptr() - tensor.data_ptr()
+        return at if self.spans.get(at) == t.numel() * t.element_size() and t.is_contiguous() else None
+
     def put(self, t) -> int:
-        """Copy `t` in; its offset. NoRoom where what is left of the loan cannot hold it."""
+        """Copy `t` in (a tensor `hold` made is there already); its offset. NoRoom where no gap left in the loan
+        holds it."""
+        at = self.held(t)
+        if at is not None:
+            return at
         n = t.numel() * t.element_size()
         if not n:  # nothing to copy: it needs no room
-            return self.used
-        at = aligned(self.used)
-        if at + n > self.room:
-            raise NoRoom(f"{n} bytes, more than the {max(0, self.room - at)} left of the {self.room} the task "
-                         "allows for its outputs")
-        if n:
-            self.memory.tensor[at:at + n].view(t.dtype).view(t.shape).copy_(t)
-        self.used = at + n
+            return 0
+        at = self._place(n)
+        self._view(at, t).copy_(t)
         return at
+
+    def hold(self, t):
+        """A copy of `t` in the loan, its span kept until `release`: None where it cannot be (not on the loan's
+        device, empty, a growable loan, no gap left that holds it, the memory unmapped)."""
+        n = t.numel() * t.element_size()
+        if self.grow or not n or not self.takes(t) or getattr(self.memory, "tensor", None) is None:
+            return None
+        try:
+            at = self._place(n)
+        except NoRoom:
+            return None
+        view = self._view(at, t)
+        view.copy_(t)
+        return view
+
+    def release(self, t) -> None:
+        """The span of a tensor `hold` made, free again (the call it kept was dropped from the sample)."""
+        at = self.held(t)
+        if at is not None:
+            del self.spans[at]
 
     def settle(self) -> None:
         self.memory.settle()
@@ -257,7 +305,24 @@ def open_loan(grant: dict | None) -> Outbox | None:
         if old is not None:
             old.close()
         _opened.update(key=key, memory=MEMORY[grant["kind"]].open(grant))
-    return Outbox(_opened["memory"], grant)
+    outbox = _opened.get("outbox")
+    if outbox is None or outbox.id != grant["id"] or outbox.memory is not _opened["memory"]:
+        outbox = _opened["outbox"] = Outbox(_opened["memory"], grant)
+    return outbox
+
+
+_serving: list = [None]
+
+
+def serving(outbox: "Outbox | None") -> None:
+    """In the child: the loan of the request it serves now (None between requests, or without one), where a
+    kept call's outputs are snapshot (`lent`)."""
+    _serving[0] = outbox
+
+
+def lent() -> "Outbox | None":
+    """In the child: the loan of the request being served, or None."""
+    return _serving[0]
 
 
 # --- the parent's side -----------------------------------------------------------------------------------
@@ -618,7 +683,7 @@ class Arena:
         if self.loan is None or arena_id != self.loan[0]:
             raise BadMessage("names memory that was not lent to it for this request")
         room, end = self.loan[1], 0
-        for offset, size in sorted(spans, key=lambda s: s[0] if isinstance(s[0], int) else -1):
+        for offset, size in sorted(spans, key=lambda s: (s[0], s[1]) if isinstance(s[0], int) else (-1, 0)):
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise BadMessage(f"a lent tensor's offset is not a byte offset: {str(offset)[:40]}")
             if offset + size > room:

@@ -305,3 +305,34 @@ def test_a_fingerprint_samples_every_step_th_value_across_a_tuples_tensors():
     fp = child._fingerprint((a, b))["tensor"]
     whole = torch.cat([a.flatten(), b.to(torch.float32)]).to(torch.float64)
     assert fp.dtype == torch.float64 and torch.equal(fp, whole[:: 9000 // child.FINGERPRINT][: child.FINGERPRINT])
+
+
+def test_kept_outputs_are_snapshot_into_the_loan_and_a_sample_holds_no_more_than_its_calls(tmp_path, monkeypatch):
+    """Under a loan (the device crossing), a kept call's snapshot is taken straight into the memory lent for the
+    answer, not into memory of the child's own as well; a call the sample drops gives its room back, so a sample
+    of 2 offered 50 calls still holds each kept one in the loan, beside a check's."""
+    import torch
+
+    from casebook.run import child, transport
+
+    monkeypatch.setenv("CASEBOOK_SPILL_DIR", str(tmp_path))
+    monkeypatch.setattr(transport, "_opened", {})
+    arena = transport.Arena(transport.HostMemory)
+    out = torch.arange(1000.0)
+    outbox = transport.open_loan(arena.lend(3 * transport.aligned(out.numel() * out.element_size())))
+    transport.serving(outbox)
+    try:
+        check = child.record("check", 0, out, {}, None)
+        reservoir = child._Reservoir(2, child._Rotation(1), [0])
+        for i in range(50):
+            reservoir.offer(out + i, lambda o, k: child.record("timed", 0, o, {}, None))
+        kept = [check] + [rec for _, rec in reservoir.kept]
+        snapshots = [rec["outputs"][0] for rec in kept]
+        assert all(outbox.held(s["tensor"]) is not None for s in snapshots)
+        assert len(outbox.spans) == 3
+        assert all(s["digest"] == transport.digest(s["tensor"]) for s in snapshots)
+        assert torch.equal(snapshots[0]["tensor"], out)
+    finally:
+        transport.serving(None)
+        transport._opened["memory"].close()
+        arena.close()

@@ -250,7 +250,7 @@ def test_a_growable_loan_too_small_asks_for_room_before_copying(arena):
     with pytest.raises(NeedRoom) as e:
         split(payload, None, outbox)
     assert e.value.bytes == aligned(256) + aligned(4096) + aligned(64) == 5120
-    assert outbox.used == 0 and not arena.memory.tensor.any()
+    assert not outbox.spans and not arena.memory.tensor.any()
     grant = arena.lend(e.value.bytes, grow=True)
     assert grant["room"] >= 5120
     header, blobs = split(payload, None, open_loan(grant))
@@ -278,6 +278,47 @@ def test_the_arena_is_cleared_for_another_borrower_only(arena):
     assert int(arena.memory.tensor[:100].sum()) == 700
     arena.lend(2048, borrower="b")
     assert not arena.memory.tensor.any()
+
+
+def test_a_held_snapshot_is_sent_from_where_it_lies_and_arrives_equal(arena):
+    """A snapshot taken into the loan (`hold`) is named by its own offset when sent, not copied a second time,
+    and the parent reads the bytes it holds; a tensor not held is copied into a gap beside it."""
+    outbox = open_loan(arena.lend(3 * ALIGN))
+    x, y = torch.arange(40.0), torch.arange(7, dtype=torch.int32)
+    kept = outbox.hold(x)
+    assert torch.equal(kept, x) and kept.data_ptr() == transport._opened["memory"].tensor.data_ptr()
+    header, blobs = split({"kept": kept, "other": y}, None, outbox)
+    offsets = json.loads(header)["lent"]["offsets"]
+    assert offsets == [0, ALIGN] and sorted(outbox.spans) == [0, ALIGN]
+    back = _cross(arena, header, blobs)
+    assert torch.equal(back["kept"], x) and torch.equal(back["other"], y)
+
+
+def test_a_released_span_is_taken_again_and_no_loan_holds_past_its_room(arena):
+    """The sample's dropped calls give their room back (`release`), so a loan of k calls' room holds every call
+    offered to a sample of k; a snapshot that finds no gap, of another device, empty, or for a growable loan is
+    not held (the child copies it as before) and takes no room."""
+    outbox = open_loan(arena.lend(2 * ALIGN))
+    a, b = outbox.hold(torch.ones(100)), outbox.hold(torch.full((100,), 2.0))
+    assert outbox.hold(torch.zeros(10)) is None and len(outbox.spans) == 2
+    outbox.release(a)
+    c = outbox.hold(torch.full((50,), 3.0))
+    assert c.data_ptr() == a.data_ptr() and torch.equal(b, torch.full((100,), 2.0))
+    outbox.release(torch.ones(100))  # not one it holds: nothing freed
+    assert len(outbox.spans) == 2
+    assert outbox.hold(torch.empty(0)) is None
+    grown = open_loan(arena.lend(ALIGN, grow=True))
+    assert grown.hold(torch.ones(4)) is None and not grown.spans
+
+
+def test_a_held_view_is_not_mistaken_for_the_span_it_starts(arena):
+    """Only a tensor `hold` made is named where it lies: a view that starts a held span but covers less of it (a
+    variant's output aliasing the loan) is copied into a gap of its own, which the parent's check accepts."""
+    outbox = open_loan(arena.lend(2 * ALIGN))
+    kept = outbox.hold(torch.arange(16.0))
+    header, blobs = split({"part": kept[:8]}, None, outbox)
+    assert json.loads(header)["lent"]["offsets"] == [ALIGN]
+    assert torch.equal(_cross(arena, header, blobs)["part"], torch.arange(8.0))
 
 
 def test_a_larger_loan_replaces_the_memory_and_retires_the_old_until_settled(arena, shm):
