@@ -33,6 +33,9 @@ The ladder:
   triton_split       each row split over programs holding a chunk each in registers; the chunks'
                      (max, sum, sum x) merged at a per-row barrier, the gradient written from
                      registers: 1 read + 1 write, as the floor
+  cluster_bulk       Hopper, CUDA C++ (cross_entropy_cluster): softmax_cluster's kernel with the gradient
+                     stored and the loss written: each row split over a thread-block cluster, each chunk
+                     landed in shared memory by bulk copies, so loads stay in flight without registers
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from casebook.kernels import device
+from casebook.kernels import cross_entropy_cluster, device, softmax_cluster
 from casebook.kernels.softmax_fusion import _row_barrier, _row_barriers
 from casebook.traffic import Term, Traffic
 
@@ -380,6 +383,28 @@ def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
 
 def triton_split(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     return split_triton(logits, target, label_smoothing)[1]
+
+
+# --- variant 7: Hopper's clusters and bulk copies (CUDA C++) -------------------------------------
+
+
+def cluster_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
+                        n_valid: torch.Tensor | None = None):
+    """(mean loss, gradient) by `cross_entropy_cluster`'s kernel: each row split over a thread-block cluster,
+    its chunks landed in shared memory by bulk copies (Hopper). Rows it cannot split (not a whole number of
+    16-byte vectors, over 1 MB, or not starting on a 16-byte boundary) go to `split_triton`; off Hopper a
+    splittable row fails, rather than quietly timing another kernel. `n_valid` as for `split_triton`."""
+    _check_args(logits, target)
+    x = logits.contiguous()
+    if softmax_cluster.plan(*x.shape, x.element_size(), 1) is None or x.data_ptr() % 16:
+        return split_triton(x, target, label_smoothing, n_valid)
+    n_valid = _n_valid(target) if n_valid is None else n_valid
+    losses, grad = cross_entropy_cluster.loss_and_grad(x, target, label_smoothing, n_valid, IGNORE_INDEX)
+    return losses.sum() / n_valid, grad
+
+
+def cluster_bulk(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    return cluster_loss(logits, target, label_smoothing)[1]
 
 
 # --- level 3: the LM head and loss of a training step ---------------------------------------------

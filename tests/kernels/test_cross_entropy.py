@@ -210,3 +210,24 @@ def test_traffic_counts_one_read_and_one_write_of_the_logits():
     assert t.flops == 5 * n
     assert t.flops / t.bytes == pytest.approx(CASE["bottleneck"]["arithmetic_intensity"], rel=1e-3)
     assert mod.traffic({"tokens": 2, "vocab": 3}, torch.float32).bytes == 2 * 6 * 4 + 2 * 12
+
+
+def test_cluster_source_compiles_for_hopper_without_a_gpu():
+    """cluster_bulk's CUDA kernel (softmax_cluster's helpers and cross_entropy_cluster's kernel) compiles for
+    sm_90a with NVRTC, its three dtypes' kernels in the cubin; it runs in test_cross_entropy_gpu.py."""
+    pytest.importorskip("cuda.core", reason="cuda-core (the test extra) compiles the CUDA source")
+    from casebook.kernels import cross_entropy_cluster
+
+    code = cross_entropy_cluster.compile_source("sm_90a").code
+    assert code[:4] == b"\x7fELF"
+    assert all(f"ce_rowsILi{k}EE".encode() in code for k in range(3))
+
+
+def test_cluster_bulk_gives_rows_it_cannot_split_to_triton_split_and_fails_the_rest_off_hopper():
+    """A row that is not a whole number of 16-byte vectors takes triton_split (same answer); a splittable row
+    on a machine without clusters fails with why, rather than quietly timing another kernel."""
+    inputs = mod.make_inputs({"tokens": 5, "vocab": 4099}, torch.float32, "cpu", torch.Generator().manual_seed(3))
+    torch.testing.assert_close(mod.cluster_bulk(**inputs), mod.triton_split(**inputs))
+    inputs = mod.make_inputs({"tokens": 5, "vocab": 4096}, torch.float32, "cpu", torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        mod.cluster_bulk(**inputs)

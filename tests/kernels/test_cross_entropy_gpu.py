@@ -1,7 +1,8 @@
 """cross_entropy on a GPU: triton_split's rows split over programs that wait for each other at a row
 barrier (the interpreter runs programs one after another, so there it takes two launches instead), the
-autotuned chunk sizes, and the Triton launchers' loss. Skipped elsewhere; run on a GPU without
-TRITON_INTERPRET: `python3 -m pytest -q tests/kernels/test_cross_entropy_gpu.py`."""
+autotuned chunk sizes, the launchers' loss, and cluster_bulk's CUDA kernel (Hopper), persistent or not.
+Skipped elsewhere; run on a GPU without TRITON_INTERPRET:
+`python3 -m pytest -q tests/kernels/test_cross_entropy_gpu.py`."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def mod():
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("fn", ["triton_split", "triton_two_sweep", "liger"])
+@pytest.mark.parametrize("fn", ["triton_split", "triton_two_sweep", "liger", "cluster_bulk"])
 def test_variant_matches_reference(mod, fn, rows, vocab, dtype):
     from casebook.run.inprocess import check
     from casebook.tolerance import TOLERANCE
@@ -39,7 +40,7 @@ def test_variant_matches_reference(mod, fn, rows, vocab, dtype):
     assert c.max_rel_err <= TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("launcher", ["split_triton", "two_sweep_triton"])
+@pytest.mark.parametrize("launcher", ["split_triton", "two_sweep_triton", "cluster_loss"])
 @pytest.mark.parametrize("rows,vocab,eps", [(37, 128256, 0.0), (512, 151936, 0.1), (3, 262144, 0.0)])
 def test_launcher_loss_matches_reference(mod, launcher, rows, vocab, eps):
     from casebook.run.check import TORCH_DTYPES, upcast
@@ -64,3 +65,27 @@ def test_split_called_again_and_again_keeps_its_barriers_consistent(mod):
         grad = mod.triton_split(**inputs)
     torch.cuda.synchronize()
     assert float(torch.linalg.vector_norm(grad.double() - ref) / torch.linalg.vector_norm(ref)) <= 2e-2
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("rows,vocab,dtype", [(300, 128256, "bf16"), (5, 262144, "fp32"), (1031, 32000, "bf16")])
+def test_cluster_kernel_persistent_or_not_again_and_again(mod, persistent, rows, vocab, dtype):
+    """Both schedules of the cluster kernel (a cluster a row; clusters taking rows from a counter, which every
+    launch must leave at zero), called ten times, each time every row's loss and the gradient right, with
+    label smoothing and an ignored row; an fp32 row of 1 MB is a cluster of 16, past the portable size."""
+    from casebook.kernels import cross_entropy_cluster
+    from casebook.run.check import TORCH_DTYPES, upcast
+    inputs = mod.make_inputs({"tokens": rows, "vocab": vocab}, TORCH_DTYPES[dtype], "cuda",
+                             torch.Generator().manual_seed(rows), 0.1)
+    inputs["target"][0] = mod.IGNORE_INDEX
+    inputs["target"][-1] = vocab - 1
+    n_valid = mod._n_valid(inputs["target"])
+    ref = mod.reference(**upcast(inputs))
+    want = torch.nn.functional.cross_entropy(upcast(inputs)["logits"], inputs["target"], reduction="none",
+                                             ignore_index=mod.IGNORE_INDEX, label_smoothing=0.1)
+    for _ in range(10):
+        losses, grad = cross_entropy_cluster.loss_and_grad(inputs["logits"], inputs["target"], 0.1, n_valid,
+                                                           mod.IGNORE_INDEX, persistent=persistent)
+        assert float((losses.double() - want).abs().max()) <= 2e-2 * float(want.abs().max())
+        assert float(losses[0]) == 0.0 and not grad[0].any()  # the ignored row
+        assert float(torch.linalg.vector_norm(grad.double() - ref) / torch.linalg.vector_norm(ref)) <= 1e-2
