@@ -218,7 +218,7 @@ esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
 if [ "$CASEBOOK_CACHE" != "$out/cache" ] && [ -d "$CASEBOOK_CACHE/runs" ]; then
-  mkdir -p "$out/cache" && mv "$CASEBOOK_CACHE/runs" "$out/cache/runs"
+  mkdir -p "$out/cache" && cp -r "$CASEBOOK_CACHE/runs" "$out/cache/runs"  # copied: a next call on this warm machine resumes from them
 fi
 tar -czf "$out/results.tgz" -C "$out" results logs $(test -d "$out/cache/runs" && echo cache/runs)
 rm -rf "$out/results" "$out/logs" "$out/cache"
