@@ -183,8 +183,8 @@ case "${1:-}" in
     metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
     metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
-    for script in ${EXPLORE:-norm_backward/wide_rows.py attention/decode_splits.py rmsnorm/onepass_warps.py \
-                  transpose/tma_boxes.py}; do
+    for script in ${EXPLORE:-cross_entropy/cluster.py norm_backward/wide_rows.py attention/decode_splits.py \
+                  rmsnorm/onepass_warps.py transpose/tma_boxes.py}; do
       name=$(basename "$script" .py)
       [ $SECONDS -lt $((end - 30)) ] || { echo "$name: not run (the call's time is spent)"; continue; }
       timeout $((end - SECONDS)) python3 "benchmarks/explore/$script" > "$out/logs/explore_$name.txt" 2>&1
