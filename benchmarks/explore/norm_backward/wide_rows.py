@@ -180,7 +180,7 @@ def split(x, w, dy, mean, rstd, slice_: int = 8192, chunk: int = 4096, warps: in
 
 def inputs(norm: str, rows_: int, cols: int, device: str) -> dict:
     """The case's own inputs (x, w, dy and the saved statistics) at one bf16 shape."""
-    g = torch.Generator(device=device).manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # the inputs draw on the device from a CPU seed (device.on_device)
     module = layernorm if norm == "layernorm" else rmsnorm
     return module.make_backward_inputs({"rows": rows_, "cols": cols}, torch.bfloat16, device, g)
 
