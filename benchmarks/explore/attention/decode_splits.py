@@ -13,6 +13,11 @@ committed count is already within 3% of the best (there the programs come from t
 If no count reaches 0.95x at 1 x 8K, the split count is not the gap, and the tile (BLOCK_N 128, 4 stages) is
 the next thing to sweep.
 
+Each time is given twice, `issued / graph`: `do_bench` (L2 flushed, each call issued from Python) and
+`do_bench_cudagraph` (the call replayed from a CUDA graph: the device's time without the host's). A first run, on
+an H100, timed the issued calls alone, and at batch 1 they measured the host: SDPA took 22-63 us for 2-33 MB
+of cache, unordered by context, and every count of the Triton rung 18-81 us (notes/attention_decode.md).
+
     python3 benchmarks/explore/attention/decode_splits.py            # GPU: every level-2 shape
     TRITON_INTERPRET=1 python3 benchmarks/explore/attention/decode_splits.py --check   # forced counts are exact
 """
@@ -47,22 +52,28 @@ def check() -> None:
         print(f"splits {n}: normwise error {err:.1e} {'ok' if err < 1e-2 else 'WRONG'}")
 
 
-def sweep() -> None:
-    from triton.testing import do_bench
+def _times(fn) -> tuple[float, float]:
+    """(issued, graph) in us: `do_bench` with the L2 flushed, and `do_bench_cudagraph` (no host in the time)."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
+    return do_bench(fn, warmup=25, rep=200) * 1e3, do_bench_cudagraph(fn, rep=100) * 1e3
+
+
+def sweep() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for batch in BATCHES:
         for context in CONTEXTS:
             t = inputs(batch, context, "cuda")
-            sdpa = do_bench(lambda: mod.sdpa(**t), warmup=25, rep=200) * 1e3
+            sdpa = _times(lambda: mod.sdpa(**t))
             picked, chunk = ac.split_count(batch, 8, context, sms)
-            line = [f"{batch:3d} x {context:5d}: SDPA {sdpa:6.1f} us; split_count {picked} x {chunk} keys"]
+            line = [f"{batch:3d} x {context:5d}: SDPA {sdpa[0]:.1f} / {sdpa[1]:.1f} us; split_count {picked} x {chunk}"
+                    " keys"]
             for n in SPLITS:
                 if n > 1 and context // n < ac.MIN_CHUNK:
                     continue
-                us = do_bench(lambda n=n: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True),
-                              warmup=25, rep=200) * 1e3
-                line.append(f"{n}{'*' if n == picked else ''}: {us:.1f} ({sdpa / us:.2f}x)")
+                us = _times(lambda n=n: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True))
+                line.append(f"{n}{'*' if n == picked else ''}: {us[0]:.1f} / {us[1]:.1f} "
+                            f"({sdpa[0] / us[0]:.2f}x / {sdpa[1] / us[1]:.2f}x)")
             print("  ".join(line), flush=True)
 
 
