@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from casebook.kernels import layernorm as mod
+from casebook.kernels import layernorm_backward, norm_backward
 from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
 
@@ -33,6 +34,8 @@ CASES = {
     "layernorm": (mod.reference, mod.make_inputs),
     "layernorm_backward": (mod.reference_backward, mod.make_backward_inputs),
 }
+MODULES = {"layernorm": mod, "layernorm_backward": layernorm_backward}
+"""Each case's module, where its variants' functions are."""
 
 
 def on_cpu(case: str) -> list[str]:
@@ -47,13 +50,14 @@ POINTS = [(case, fn, r, c, d) for case in CASES for fn in on_cpu(case)
 def run_check(case: str, fn: str, rows: int, cols: int, dtype: str, make_inputs=None, tolerance=None):
     reference, default_inputs = CASES[case]
     s = zlib.crc32(repr((case, fn, rows, cols, dtype)).encode())
-    return check(getattr(mod, fn), reference, make_inputs or default_inputs, {"rows": rows, "cols": cols}, dtype,
-                 "cpu", [s, s + 1], tolerance)
+    return check(getattr(MODULES[case], fn), reference, make_inputs or default_inputs, {"rows": rows, "cols": cols},
+                 dtype, "cpu", [s, s + 1], tolerance)
 
 
 def test_every_case_has_cpu_variants_here():
     assert on_cpu("layernorm") == ["eager", "torch_layer_norm", "triton_onepass", "triton_long"]
-    assert on_cpu("layernorm_backward") == ["eager_backward", "torch_backward", "triton_atomic", "triton_partial"]
+    assert on_cpu("layernorm_backward") == ["eager_backward", "torch_backward", "triton_atomic", "triton_partial",
+                                            "triton_pipelined"]
 
 
 @pytest.mark.parametrize("case, fn, rows, cols, dtype", POINTS,
@@ -128,6 +132,27 @@ def test_kernels_stay_accurate_at_a_large_mean(cols, path, launches, monkeypatch
 
 
 # --- the backward -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1000), (37, 4097), (5, 2049)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pipelined_splits_rows_past_its_bound_by_columns(monkeypatch, rows, cols, dtype):
+    """Past ROWS_UP_TO columns (lowered here) each row is split over programs owning a slice of dx, dw and db,
+    the last slice ragged; every row's sums still span the whole row, and dw and db count every row once."""
+    monkeypatch.setattr(norm_backward, "ROWS_UP_TO", 256)
+    monkeypatch.setattr(norm_backward, "SPLIT_SLICE", 512)
+    monkeypatch.setattr(norm_backward, "SPLIT_CHUNK", 256)
+    seen = []
+    monkeypatch.setattr(norm_backward, "split", lambda *a, _split=norm_backward.split: seen.append(1) or _split(*a))
+    c = run_check("layernorm_backward", "triton_pipelined", rows, cols, dtype)
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype] and seen
+
+
+def test_pipelined_takes_rows_the_committed_kernel_refuses(monkeypatch):
+    monkeypatch.setattr(norm_backward, "SPLIT_SLICE", 4096)
+    c = run_check("layernorm_backward", "triton_pipelined", 3, mod.MAX_BACKWARD + 1, "bf16")
+    assert c.correct, c.error
 
 
 def test_refuses_rows_it_cannot_hold():

@@ -21,7 +21,9 @@ sweep chunk loops were latency-bound by a block-wide reduction a chunk, which th
 by keeping its sums per lane until the row ends), 2 programs x 16 KB an SM at best, where ~36 KB an SM is what
 the copy rate needs in flight (Little's law at ~1 us).
 
-Candidates (one thing changed each, both for rmsnorm and layernorm through CENTERED):
+Candidates (one thing changed each, both for rmsnorm and layernorm through CENTERED; the kernels now live in
+`casebook/kernels/norm_backward.py`, where the backward cases' `triton_pipelined` rung dispatches between them
+by what an H100 measured of this sweep):
 
   rows     the committed kernel with the loop as `tl.range(num_stages=STAGES)`: Triton copies the next
            rows' x and dy into shared memory while this one reduces. Predicted at 16384 x 4096: the
@@ -48,11 +50,9 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 from casebook.kernels import layernorm, rmsnorm
-from casebook.kernels.device import INTERPRET, num_sms
+from casebook.kernels.norm_backward import _rows_kernel, _split_kernel, rows, split
 
 SHAPES = ((16384, 4096), (32768, 4096), (16384, 8192), (8192, 16384), (2048, 32768))
 """The level-1 shapes of both backward cases past 512 rows (bf16)."""
@@ -62,120 +62,6 @@ ROWS_RUNGS = ((1, 2), (2, 2), (3, 1), (3, 2), (4, 1))
 
 SPLIT_RUNGS = ((8192, 16), (8192, 32), (4096, 16))
 """(slice, warps) of the split kernel, where a row holds at least two slices."""
-
-
-@triton.jit
-def _rows_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, n_cols,
-                 CENTERED: tl.constexpr, STAGES: tl.constexpr, BLOCK: tl.constexpr):
-    # The committed kernel of both cases (CENTERED: layernorm's mean and db), its row loop pipelined.
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK], dtype=tl.float32)
-    db = tl.zeros([BLOCK], dtype=tl.float32)
-    for row in tl.range(pid, n_rows, tl.num_programs(0), num_stages=STAGES):
-        offs = tl.cast(row, tl.int64) * n_cols + cols
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + row)
-        wdy = w * dy
-        if CENTERED:
-            xhat = tl.where(mask, (x - tl.load(mean_ptr + row)) * rstd, 0.0)
-            c1 = tl.sum(wdy, axis=0) / n_cols
-            db += dy
-        else:
-            xhat = x * rstd
-            c1 = 0.0
-        c2 = tl.sum(xhat * wdy, axis=0) / n_cols
-        tl.store(dx_ptr + offs, ((wdy - c1 - xhat * c2) * rstd).to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += dy * xhat
-    tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
-    if CENTERED:
-        tl.store(db_ptr + pid * n_cols + cols, db, mask=mask)
-
-
-@triton.jit
-def _split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, n_cols,
-                  CENTERED: tl.constexpr, SPLITS: tl.constexpr, SLICE: tl.constexpr, CHUNK: tl.constexpr,
-                  STAGES: tl.constexpr):
-    # Program pid = group * SPLITS + s walks rows group, group + groups, ... and owns columns
-    # [s * SLICE, (s + 1) * SLICE): the row sums over the whole row a CHUNK at a time, then dx, dw and db
-    # of its slice. Its partials go to row `group` of [groups, cols] buffers.
-    pid = tl.program_id(0)
-    group = pid // SPLITS
-    groups = tl.num_programs(0) // SPLITS
-    own = (pid % SPLITS) * SLICE + tl.arange(0, SLICE)
-    own_mask = own < n_cols
-    dw = tl.zeros([SLICE], dtype=tl.float32)
-    db = tl.zeros([SLICE], dtype=tl.float32)
-    for row in range(group, n_rows, groups):
-        base = tl.cast(row, tl.int64) * n_cols
-        rstd = tl.load(rstd_ptr + row)
-        mean = tl.load(mean_ptr + row) if CENTERED else 0.0
-        s1 = tl.zeros([CHUNK], dtype=tl.float32)
-        s2 = tl.zeros([CHUNK], dtype=tl.float32)
-        for start in tl.range(0, n_cols, CHUNK, num_stages=STAGES):
-            c = start + tl.arange(0, CHUNK)
-            m = c < n_cols
-            x = tl.load(x_ptr + base + c, mask=m, other=0.0).to(tl.float32)
-            wdy = tl.load(w_ptr + c, mask=m, other=0.0).to(tl.float32) * \
-                tl.load(dy_ptr + base + c, mask=m, other=0.0).to(tl.float32)
-            s1 += wdy
-            s2 += tl.where(m, (x - mean) * rstd, 0.0) * wdy
-        c1 = tl.sum(s1, axis=0) / n_cols if CENTERED else 0.0
-        c2 = tl.sum(s2, axis=0) / n_cols
-        x = tl.load(x_ptr + base + own, mask=own_mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + base + own, mask=own_mask, other=0.0).to(tl.float32)
-        xhat = tl.where(own_mask, (x - mean) * rstd, 0.0)
-        wdy = tl.load(w_ptr + own, mask=own_mask, other=0.0).to(tl.float32) * dy
-        tl.store(dx_ptr + base + own, ((wdy - c1 - xhat * c2) * rstd).to(dx_ptr.dtype.element_ty), mask=own_mask)
-        dw += dy * xhat
-        if CENTERED:
-            db += dy
-    tl.store(dw_ptr + group * n_cols + own, dw, mask=own_mask)
-    if CENTERED:
-        tl.store(db_ptr + group * n_cols + own, db, mask=own_mask)
-
-
-def _finish(partials: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
-    """Each [programs, cols] fp32 partial summed into a row of w's dtype, by the committed second pass."""
-    out = []
-    block_c = 64 if INTERPRET else 256
-    for p in partials:
-        total = torch.empty(p.shape[1], device=p.device, dtype=w.dtype)
-        rmsnorm._sum_partials_kernel[(triton.cdiv(p.shape[1], block_c),)](p, total, p.shape[0], p.shape[1],
-                                                                            BLOCK_P=32, BLOCK_C=block_c)
-        out.append(total)
-    return out
-
-
-def rows(x, w, dy, mean, rstd, stages: int = 3, warps: int | None = None, per_sm: int = 2):
-    """The committed structure, its loop pipelined over `stages`; (dx, dw[, db]) as the case returns them."""
-    n_rows, n_cols = x.shape
-    block = triton.next_power_of_2(n_cols)
-    programs = min(n_rows, per_sm * num_sms(x))
-    dx = torch.empty_like(x)
-    partials = torch.empty(2 if mean is not None else 1, programs, n_cols, device=x.device, dtype=torch.float32)
-    _rows_kernel[(programs,)](x, w, dy, rstd if mean is None else mean, rstd, dx, partials[0], partials[-1], n_rows,
-                              n_cols, CENTERED=mean is not None, STAGES=stages, BLOCK=block,
-                              num_warps=warps or max(1, min(32, block // 256)))
-    return (dx, *_finish(partials, w))
-
-
-def split(x, w, dy, mean, rstd, slice_: int = 8192, chunk: int = 4096, warps: int = 16, stages: int = 3,
-          per_sm: int = 1):
-    """Column slices of SLICE, SPLITS programs a row; (dx, dw[, db]) as the case returns them."""
-    n_rows, n_cols = x.shape
-    slice_ = min(slice_, triton.next_power_of_2(n_cols))
-    splits = triton.cdiv(n_cols, slice_)
-    groups = min(n_rows, max(1, per_sm * num_sms(x) // splits))
-    dx = torch.empty_like(x)
-    partials = torch.empty(2 if mean is not None else 1, groups, n_cols, device=x.device, dtype=torch.float32)
-    _split_kernel[(groups * splits,)](x, w, dy, rstd if mean is None else mean, rstd, dx, partials[0], partials[-1],
-                                      n_rows, n_cols, CENTERED=mean is not None, SPLITS=splits, SLICE=slice_,
-                                      CHUNK=min(chunk, slice_), STAGES=stages, num_warps=warps)
-    return (dx, *_finish(partials, w))
 
 
 def inputs(norm: str, rows_: int, cols: int, device: str) -> dict:
