@@ -389,7 +389,7 @@ def triton_split(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
 
 
 def cluster_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,
-                        n_valid: torch.Tensor | None = None):
+                 n_valid: torch.Tensor | None = None):
     """(mean loss, gradient) by `cross_entropy_cluster`'s kernel: each row split over a thread-block cluster,
     its chunks landed in shared memory by bulk copies (Hopper). Rows it cannot split (not a whole number of
     16-byte vectors, over 1 MB, or not starting on a 16-byte boundary) go to `split_triton`; off Hopper a
