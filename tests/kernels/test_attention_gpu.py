@@ -5,6 +5,7 @@ with `python3 -m pytest -q tests/kernels/test_attention_gpu.py` (no TRITON_INTER
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -24,17 +25,18 @@ DECODE = [(8, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 100003, 128), (4, 32, 32, 1, 
 DECODE_RUNGS = ["eager", "sdpa", "triton_gqa", "triton_split", "triton_split_fused"]
 
 
-def _declared_tolerance(case: str, fn: str) -> float | None:
-    """The tolerance the case declares for the rung that calls `fn` (a knowingly inexact one), else None: the
-    run judges it by that, and so does this test."""
+@functools.cache
+def _declared_tolerances(case: str) -> dict[str, float | None]:
+    """{fn: the tolerance the case declares for the rung that calls it} (None where it declares none; a declared
+    one marks a knowingly inexact rung): the run judges each rung by it, and so does this test. The case is
+    loaded once, not at every test."""
     from casebook.load import load_case
 
-    variants = load_case(Path(__file__).parents[2] / "cases" / f"{case}.yaml").kernel.variants
-    return next((v.tolerance for v in variants if v.fn == fn), None)
+    return {v.fn: v.tolerance for v in load_case(Path(__file__).parents[2] / "cases" / f"{case}.yaml").kernel.variants}
 
 
 def _run(mod, fn, shape, keys, dtype):
-    tolerance = _declared_tolerance(mod.__name__.rsplit(".", 1)[1], fn)
+    tolerance = _declared_tolerances(mod.__name__.rsplit(".", 1)[1]).get(fn)
     try:
         c = check(getattr(mod, fn), mod.reference, mod.make_inputs, dict(zip(keys, shape)), dtype, "cuda", [11, 12],
                   tolerance=tolerance)
