@@ -58,8 +58,9 @@ def describe(config) -> str:
 
 def compile_ahead(tuners: dict) -> None:
     """Each of `tuners` (Triton's own `Autotuner`s) made to compile all its candidates before it times the first,
-    where it is about to time them (`_ahead`): the child does this once it has imported the case's module. The
-    kernels, their candidates and the picks are the same; only when they compile changes."""
+    where it is about to time them (`_ahead`), and to time each for the book's span (`quick_bench`) where its module
+    left Triton's own: the child does this once it has imported the case's module. The kernels and their candidates
+    are the same; when they compile changes, and how long a candidate is timed."""
     try:
         from triton.runtime.autotuner import Autotuner
     except ImportError:
@@ -75,7 +76,12 @@ def _compiling_class():
 
     class CompilingAhead(Autotuner):
         """Triton's autotuner, its candidates compiled in threads (`_ahead`) where it is about to time them: when
-        the tuning is not in the disk cache, which casebook's children keep (`TRITON_CACHE_AUTOTUNING`)."""
+        the tuning is not in the disk cache, which casebook's children keep (`TRITON_CACHE_AUTOTUNING`). Each is
+        timed by the bench its module chose, else by `quick_bench`."""
+
+        @property
+        def do_bench(self):
+            return getattr(self, "_do_bench", None) or quick_bench
 
         def run(self, *args, **kwargs):
             self._call_kwargs = kwargs
@@ -92,6 +98,18 @@ def _compiling_class():
             return super().check_disk_cache(tuning_key, configs, compiled_then_timed)
 
     return CompilingAhead
+
+
+def quick_bench(kernel_call, quantiles=None):
+    """A candidate's timing for a module that left Triton's own (25 ms of warm-up, 100 timed): the book's
+    (`device.TUNE_WARMUP_MS`, `TUNE_REP_MS`), as its other modules ask through `device.autotune`. The softmax and
+    GEMM modules keep Triton's default in their source, so that their stored results stay current; in a run it was
+    a second a shape of the softmax ladder's one-pass rung (3 s a shape on a fresh H100, 42 s of the fresh run)."""
+    from triton.testing import do_bench
+
+    from casebook.kernels.device import TUNE_REP_MS, TUNE_WARMUP_MS
+
+    return do_bench(kernel_call, warmup=TUNE_WARMUP_MS, rep=TUNE_REP_MS, quantiles=quantiles)
 
 
 def _ahead(tuner, configs) -> None:

@@ -34,6 +34,7 @@ from casebook.run.transport import (
     NeedRoom,
     Spill,
     clear_spill,
+    close_loan,
     give_back_device_memory,
     open_loan,
     receive,
@@ -185,6 +186,7 @@ def _serve(worker: Callable[[Any], dict], env: dict, conn, token: str, parent: i
         send_frames(conn, *frames)
         serving(None)
         del payload, frames  # the answer's tensors let go before the child waits for the next request
+        close_loan(loan)
         give_back_device_memory()
 
 
@@ -351,7 +353,7 @@ class Worker:
         if isinstance(answer, dict) and isinstance(answer.get("done"), dict):
             done = answer["done"]
             if self.arena is not None:
-                self.arena.settle()  # the child holds the newest loan now: older memory can go
+                self.arena.after()  # the child holds the newest loan now: older memory can go, and one lent once
                 if isinstance(done.get("crossing_error"), str) and self.crossing_error is None:
                     self.crossing_error = done["crossing_error"]
             return done

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from casebook.run import cuda_ipc
+from casebook.run.hardware import memory_bytes
 
 MAX_MESSAGE = 16 * 2**30
 """The most bytes of tensors the parent reads through the host (outputs of a large GEMM in float64 fit)."""
@@ -309,6 +310,16 @@ def open_loan(grant: dict | None) -> Outbox | None:
     if outbox is None or outbox.id != grant["id"] or outbox.memory is not _opened["memory"]:
         outbox = _opened["outbox"] = Outbox(_opened["memory"], grant)
     return outbox
+
+
+def close_loan(grant: dict | None) -> None:
+    """In the child, once it has answered: the memory of a loan lent once (`Arena.lend`) unmapped, so that the
+    parent's freeing it gives it back to the device."""
+    if grant and grant.get("once") and _opened.get("key") == (grant["kind"], grant["name"], grant["bytes"]):
+        memory = _opened.pop("memory", None)
+        _opened.clear()
+        if memory is not None:
+            memory.close()
 
 
 _serving: list = [None]
@@ -644,13 +655,23 @@ class CudaMemory:
 MEMORY = {"host": HostMemory, "cuda": CudaMemory}
 
 
+KEEP_FRACTION = 0.05
+"""Of the device's memory, how large an arena may be and still be kept from one request to the next. A larger one
+is lent once (`Arena.lend`'s grant says so), the child unmaps it once it has answered, and the parent frees it once
+it has taken what it judges (`Arena.after`): a run's largest points no longer leave their arenas standing. On an
+H100 (80 GB) the softmax case's 131072 x 8192 points found the parent holding 59 GB, and the reference's child
+could not have the 8 GB its float64 answer needed."""
+
+
 class Arena:
     """Memory the parent owns and lends a child for one request at a time (`lend`), reused while it is large
     enough and replaced by a larger one when it is not; cleared before it is lent to another child. What the
-    child names in it is checked against the loan (`check`) and copied out (`take`)."""
+    child names in it is checked against the loan (`check`) and copied out (`take`). One larger than `keep` bytes
+    is lent for its request alone."""
 
-    def __init__(self, memory: type):
+    def __init__(self, memory: type, keep: int | None = None):
         self.memory_type, self.memory, self.retired = memory, None, []
+        self.keep = keep
         self.loan: tuple[str, int] | None = None
         self.borrower = None
         self.taken = 0
@@ -676,7 +697,18 @@ class Arena:
         if grow:
             room = self.memory.nbytes
         self.loan = (secrets.token_hex(8), room)
-        return {"id": self.loan[0], **self.memory.grant(), "room": room, "grow": grow}
+        return {"id": self.loan[0], **self.memory.grant(), "room": room, "grow": grow, "once": self._once()}
+
+    def _once(self) -> bool:
+        return self.keep is not None and self.memory is not None and self.memory.nbytes > self.keep
+
+    def after(self) -> None:
+        """A request ended (its tensors taken): memory the child has moved on from freed (`settle`), and an arena
+        lent once freed with it."""
+        if self._once():
+            self.retired.append(self.memory)
+            self.memory, self.loan, self.borrower = None, None, None
+        self.settle()
 
     def check(self, arena_id, spans: list[tuple]) -> None:
         """The (offset, length) spans a message names in the loan: each inside its room, none overlapping."""
@@ -710,6 +742,18 @@ class Arena:
         self.memory, self.loan, self.borrower = None, None, None
 
 
+def keep_bytes(device: str) -> int:
+    """`KEEP_FRACTION` of `device`'s memory (a GPU's, else the host's; 8 GiB where it cannot be read)."""
+    total = None
+    if device == "cuda":
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+    else:
+        total = memory_bytes()
+    return int(KEEP_FRACTION * (total or 8 * 2**30))
+
+
 def arena_for(device: str) -> tuple["Arena | None", str]:
     """The arena a child on `device` is lent, and the crossing in words: the device's own memory on a GPU
     (CUDA IPC), none (the host crossing) on a CPU or where `CASEBOOK_TRANSPORT=host`, shared host memory where
@@ -720,9 +764,10 @@ def arena_for(device: str) -> tuple["Arena | None", str]:
     if device == "cuda":
         if why := cuda_ipc.unavailable():
             return None, f"host: device memory cannot be shared here ({why})"
-        return Arena(CudaMemory), "device: CUDA IPC, outputs and answers never leave the GPU"
+        return Arena(CudaMemory, keep_bytes(device)), "device: CUDA IPC, outputs and answers never leave the GPU"
     if choice == "device":
-        return Arena(HostMemory), f"device protocol over shared host memory ({TRANSPORT_ENV}=device)"
+        return (Arena(HostMemory, keep_bytes(device)),
+                f"device protocol over shared host memory ({TRANSPORT_ENV}=device)")
     return None, "host: pipe, and shared-memory files for large tensors"
 
 

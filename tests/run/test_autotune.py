@@ -82,6 +82,27 @@ def test_a_kernels_autotuners_compile_ahead_and_still_tune_and_run_as_before(mon
     assert order == [("compile", 2), ("time", 2)]
 
 
+def test_candidates_are_timed_for_the_books_span_unless_the_module_chose_a_bench(monkeypatch):
+    from triton.runtime.autotuner import Autotuner
+
+    mod = types.ModuleType("casebook.kernels._bench_fixture")
+    mod.default = triton.autotune([triton.Config({"BLOCK": 32})], key=["n"])(_copy_kernel)
+    mod.chosen = _tuned(winner=0)
+    own = mod.chosen.do_bench
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    assert type(mod.default) is Autotuner and mod.default._do_bench is None  # Triton's own bench, before
+    autotune.compile_ahead(autotune.autotuners("casebook.kernels"))
+    assert mod.default.do_bench is autotune.quick_bench
+    assert mod.chosen.do_bench is own
+
+    spans = []
+    monkeypatch.setattr("triton.testing.do_bench", lambda fn, warmup, rep, quantiles: spans.append((warmup, rep)))
+    autotune.quick_bench(lambda: None, quantiles=(0.5,))
+    from casebook.kernels.device import TUNE_REP_MS, TUNE_WARMUP_MS
+
+    assert spans == [(TUNE_WARMUP_MS, TUNE_REP_MS)] and TUNE_REP_MS < 100
+
+
 def test_candidates_are_compiled_ahead_in_threads_each_launching_nothing(monkeypatch):
     import threading
 

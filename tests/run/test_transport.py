@@ -333,6 +333,41 @@ def test_a_larger_loan_replaces_the_memory_and_retires_the_old_until_settled(are
     assert grown["room"] == arena.memory.nbytes  # a growable loan is of all the arena holds
 
 
+def test_an_arena_over_its_keep_is_lent_once_and_freed_after_its_request(shm):
+    """An arena larger than `keep` says so in its grant; `after` its request it is freed (file and all), and the next
+    loan has fresh memory. One within `keep` stays for the next request."""
+    a = Arena(HostMemory, keep=4096)
+    small = a.lend(1024, borrower="a")
+    assert not small["once"]
+    a.after()
+    assert a.memory is not None and [p.name for p in shm.iterdir()] == [small["name"]]
+    big = a.lend(8192, borrower="a")
+    assert big["once"] and big["name"] != small["name"]
+    a.after()  # the small one retired by the big loan, the big one lent once: both gone
+    assert a.memory is None and list(shm.iterdir()) == []
+    again = a.lend(1024, borrower="a")
+    assert not again["once"] and again["name"] not in (small["name"], big["name"])
+    a.close()
+    assert list(shm.iterdir()) == []
+    assert not Arena(HostMemory).lend(2**20, borrower="a")["once"]  # no keep: every arena is kept
+    assert transport.keep_bytes("cpu") == int(transport.KEEP_FRACTION * transport.memory_bytes())
+
+
+def test_the_child_unmaps_a_loan_lent_once_and_keeps_any_other(arena, shm):
+    once = Arena(HostMemory, keep=0)
+    grant = once.lend(64, borrower="a")
+    transport.open_loan(grant)
+    assert transport._opened["memory"].tensor is not None
+    transport.close_loan(grant)
+    assert transport._opened == {}
+    kept = arena.lend(64, borrower="a")
+    transport.open_loan(kept)
+    transport.close_loan(kept)
+    transport.close_loan(None)
+    assert transport._opened["memory"].tensor is not None  # reused by the next request
+    once.close()
+
+
 # --- through Worker children ---------------------------------------------------------------------------------
 
 
@@ -445,6 +480,22 @@ def test_a_growable_loan_grows_to_the_answer(shm):
         assert torch.equal(answer["t"], torch.arange(MiB, dtype=torch.float32))
         assert arena.memory.nbytes >= 4 * MiB and arena.taken == 1
         assert len(list(shm.iterdir())) == 1  # the first, smaller memory freed once the child moved on
+    assert list(shm.iterdir()) == []
+
+
+@slow
+def test_an_answer_lent_once_arrives_and_its_memory_is_gone_after(shm):
+    """Over the arena's keep: each request's memory is fresh, the answer arrives equal, and nothing of it is left
+    once the request has ended, in the parent or the child (the child answers the next request all the same)."""
+    arena = Arena(HostMemory, keep=1024)
+    with Worker(child, arena=arena) as worker:
+        for _ in range(2):
+            answer = worker.request(("bytes", 64 * 1024), 60, room=64 * 1024)
+            assert torch.equal(answer["t"], torch.arange(16 * 1024, dtype=torch.float32))
+            assert arena.memory is None and list(shm.iterdir()) == []
+        assert arena.taken == 2
+        small = worker.request(("bytes", 512), 60, room=512)  # within the keep: kept for the next request
+        assert torch.equal(small["t"], torch.arange(128, dtype=torch.float32)) and arena.memory is not None
     assert list(shm.iterdir()) == []
 
 
