@@ -102,9 +102,9 @@ def main() -> None:
         want = x.transpose(1, 2).contiguous()
         moved = 2 * x.numel() * x.element_size()
 
-        def report(label, fn):
+        def report(label, fn, check=True):
             try:
-                if not torch.equal(fn(), want):
+                if check and not torch.equal(fn(), want):
                     print(f"  {label:34s} WRONG")
                     return
                 if once:  # under ncu: each kernel's counters (the turn's shared-memory bank conflicts), not times
@@ -115,7 +115,7 @@ def main() -> None:
                 print(f"  {label:34s} {type(e).__name__}: {str(e)[:100]}")
 
         print(f"\n{rows} x {cols} {str(dtype).removeprefix('torch.')}")
-        report("copy", lambda: x.clone())
+        report("copy", lambda: x.clone(), check=False)  # the roof, not a transpose
         report("tiled_tuned", lambda: m.tiled_tuned(x))
         for bm, bn in BOXES:
             for w in WARPS:

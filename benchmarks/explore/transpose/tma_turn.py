@@ -132,9 +132,9 @@ def main() -> None:
         want = x.transpose(1, 2).contiguous()
         moved = 2 * x.numel() * x.element_size()
 
-        def report(label, fn):
+        def report(label, fn, check=True):
             try:
-                if not torch.equal(fn(), want):
+                if check and not torch.equal(fn(), want):
                     print(f"  {label:40s} WRONG")
                     return
                 if once:  # under ncu: each kernel's counters, not times
@@ -145,7 +145,7 @@ def main() -> None:
                 print(f"  {label:40s} {type(e).__name__}: {str(e)[:160]}")
 
         print(f"\n{rows} x {cols} {str(dtype).removeprefix('torch.')}")
-        report("copy", lambda: x.clone())
+        report("copy", lambda: x.clone(), check=False)  # the roof, not a transpose
         report("tiled_tuned", lambda: m.tiled_tuned(x))
         report("tma (the case's, 64x64, 4 warps)", lambda: m.tma(x))
         for bm, bn, warps, spt, tpw, wpc in TURNS:
