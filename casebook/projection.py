@@ -130,6 +130,24 @@ def project_point(point: Point, source: MachineRoofs, target: MachineRoofs) -> P
     return Projection(optimistic_us=optimistic, pessimistic_us=max(optimistic, capped), **common)
 
 
+def nearest_source(sources: list[str], target: str, registry: dict[str, dict]) -> str | None:
+    """Of the GPUs with a stored result (`sources`, slugs), the one to project onto `target` from: the nearest by
+    its datasheet's memory bandwidth and bf16 peak (the sum of the two ratios' logs, either way), so that each roof
+    is scaled the least; one the registry lacks comes last, then the order given. None where only `target` is
+    there."""
+    def figures(slug: str) -> tuple:
+        spec = registry.get(slug) or {}
+        return spec.get("bandwidth_gbps"), (spec.get("peak_tflops") or {}).get("bf16")
+
+    def distance(slug: str) -> float:
+        try:
+            return sum(abs(math.log(a / b)) for a, b in zip(figures(slug), figures(target), strict=True))
+        except (TypeError, ValueError, ZeroDivisionError):
+            return math.inf
+
+    return min((s for s in sources if s != target), key=distance, default=None)
+
+
 def project(result: Result, target: str, registry: dict[str, dict], measured: dict[str, Ceilings] | None = None,
             actual: Result | None = None) -> tuple[MachineRoofs, list[Projection]]:
     """Every level-1 point of `result` projected onto `target`; beside each, `actual`'s measured median."""

@@ -98,6 +98,7 @@ def save_as(result: Result, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # a result is the book's to read, as a checkout's files are (mkstemp's are 0600)
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=False, allow_nan=False)
             f.write("\n")

@@ -95,6 +95,17 @@ def test_refusals():
         project(cpu, "gpu-b", REGISTRY)
 
 
+def test_the_nearest_gpu_by_its_datasheet_is_the_source():
+    from casebook.datasheets import datasheets
+    from casebook.projection import nearest_source
+
+    sheets = datasheets()
+    assert nearest_source(["nvidia-h100-sxm", "nvidia-h200"], "nvidia-b200", sheets) == "nvidia-h200"
+    assert nearest_source(["nvidia-h200", "nvidia-h100-sxm"], "nvidia-a100-sxm", sheets) == "nvidia-h100-sxm"
+    assert nearest_source(["nvidia-nope", "nvidia-h200"], "nvidia-b200", sheets) == "nvidia-h200"  # unknown: last
+    assert nearest_source(["nvidia-b200"], "nvidia-b200", sheets) is None
+
+
 def test_command_on_the_stored_h200_result(capsys):
     assert command.main("softmax_fusion", "nvidia-b200", None, __import__("pathlib").Path("results"),
                         json_out=True) == 0

@@ -34,6 +34,7 @@ def test_save_writes_where_load_reads(doc, tmp_path):
     assert load(path) == result
     assert leftovers(tmp_path) == [], "no temporary file is left behind"
     assert [p for p, _ in results.all_results(tmp_path)] == [path]
+    assert path.stat().st_mode & 0o777 == 0o644, "readable as a checkout's files are, not the temp file's 0600"
 
 
 def test_save_refuses_an_invalid_result_and_keeps_the_old_one(doc, tmp_path):

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from casebook import results
 from casebook.commands import console as terminal
-from casebook.projection import ProjectionError, project
+from casebook.projection import ProjectionError, nearest_source, project
 from casebook.result import Ceilings, shape_label
 
 
@@ -46,7 +46,7 @@ def main(case: str, to: str, source: str | None, results_dir: Path, json_out: bo
     by_machine = stored(results_dir, case_id)
     gpu = {slug: r for slug, r in by_machine.items() if r.hardware.kind == "gpu"}
     if source is None:
-        source = next((s for s in gpu if s != to), None)
+        source = nearest_source(list(gpu), to, datasheets())
     if source not in gpu:
         err.print(f"{case_id}: no stored GPU result{' on ' + source if source else ''} under {results_dir}/ "
                   f"to project from (stored: {', '.join(by_machine) or 'none'})")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from casebook import history as history_mod
 from casebook.datasheets import datasheets
-from casebook.projection import Projection, ProjectionError, project
+from casebook.projection import Projection, ProjectionError, nearest_source, project
 from casebook.render import links, text
 from casebook.render.book import Book, Entry
 from casebook.render.figures import best_variant
@@ -37,16 +37,17 @@ def measured_ceilings(book: Book) -> dict[str, Ceilings]:
 
 
 def case_projections(entry: Entry, book: Book) -> list[dict]:
-    """For each registry GPU without a result of this case: the band of every variant, from the case's
-    first GPU result. Empty when the case has no GPU result."""
-    gpu = [r for r in entry.results if r.result.hardware.kind == "gpu" and not r.stale]
+    """For each registry GPU without a result of this case: the band of every variant, from the case's GPU result
+    nearest that GPU (`projection.nearest_source`). Empty when the case has no GPU result."""
+    gpu = {r.slug: r for r in entry.results if r.result.hardware.kind == "gpu" and not r.stale}
     if not gpu:
         return []
-    source, have = gpu[0], {r.slug for r in entry.results}
+    have = {r.slug for r in entry.results}
     ceilings, out = measured_ceilings(book), []
     for target, spec in datasheets().items():
         if target in have:
             continue
+        source = gpu[nearest_source(list(gpu), target, datasheets())]
         try:
             roofs, points = project(source.result, target, datasheets(), ceilings)
         except ProjectionError:
