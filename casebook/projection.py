@@ -9,6 +9,13 @@ and pipeline depth were sized there), a compute-bound one keeps the matrix throu
 instructions reached (a kernel built for one generation's tensor-core instructions gains no per-SM
 rate on the next without a rewrite). Launch-bound points keep their time: the host issues them.
 Claims are never judged on a projection.
+
+Checked both ways on the softmax ladder (117 level-1 points measured on an H200 and on an H100, each GPU's own
+measured ceilings): from the H100 the H200 fell inside the band at 115 points; from the H200 the H100 ran faster
+than the optimistic edge at 115 (median 0.92x of it; eager and torch.compile 0.78-0.80x, the Triton rungs
+0.95-0.97x). A kernel's fraction of the bandwidth roof is not the same on both: a slower memory needs fewer bytes
+in flight a SM to be kept busy, so the same kernel runs nearer the H100's roof. Projected from a faster GPU onto
+a slower one, the optimistic edge is not a bound.
 """
 
 from __future__ import annotations
