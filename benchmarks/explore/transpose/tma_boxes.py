@@ -88,42 +88,50 @@ def check() -> None:
     print("tma_boxes: every kernel transposes exactly")
 
 
-def main() -> None:
-    if "--check" in sys.argv:
-        return check()
+def sweep(kernels, width: int = 34) -> None:
+    """Each dtype's matrix (ROWS COLS from the command line, 16384 x 16384 by default) transposed by each of
+    `kernels(x)`'s (label, fn): the output checked against torch's, then timed (`do_bench`: L2 flushed, median), or
+    with --once run once for ncu's counters. The copy comes first, the roof, not a transpose."""
     from triton.testing import do_bench
 
     once = "--once" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rows, cols = (int(args[0]), int(args[1])) if len(args) == 2 else (16384, 16384)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(1, rows, cols, 1, device="cuda", dtype=dtype)
         want = x.transpose(1, 2).contiguous()
         moved = 2 * x.numel() * x.element_size()
-
-        def report(label, fn, check=True):
-            try:
-                if check and not torch.equal(fn(), want):
-                    print(f"  {label:34s} WRONG")
-                    return
-                if once:  # under ncu: each kernel's counters (the turn's shared-memory bank conflicts), not times
-                    return
-                us = do_bench(fn) * 1e3
-                print(f"  {label:34s} {us:8.1f} us  {moved / us / 1e6:5.2f} TB/s", flush=True)
-            except Exception as e:  # noqa: BLE001 (an exploration: a box the hardware refuses is a finding too)
-                print(f"  {label:34s} {type(e).__name__}: {str(e)[:100]}")
-
         print(f"\n{rows} x {cols} {str(dtype).removeprefix('torch.')}")
-        report("copy", lambda: x.clone(), check=False)  # the roof, not a transpose
-        report("tiled_tuned", lambda: m.tiled_tuned(x))
-        for bm, bn in BOXES:
-            for w in WARPS:
-                report(f"one box {bm}x{bn} warps={w}", lambda: one_box(x, bm, bn, w))
-        for bm, bn in BOXES[:4]:
-            for per_sm in (2, 4, 8):
-                report(f"persistent {bm}x{bn} {per_sm}/SM stages=2",
-                       lambda: persistent(x, bm, bn, 4, per_sm * sms))
+        for n, (label, fn) in enumerate([("copy", x.clone), *kernels(x)]):
+            try:
+                if n and not torch.equal(fn(), want):
+                    print(f"  {label:{width}s} WRONG")
+                    continue
+                if once:  # under ncu: each kernel's counters (the turn's shared-memory bank conflicts), not times
+                    continue
+                us = do_bench(fn) * 1e3
+                print(f"  {label:{width}s} {us:8.1f} us  {moved / us / 1e6:5.2f} TB/s", flush=True)
+            except Exception as e:  # noqa: BLE001 (an exploration: a box the hardware refuses is a finding too)
+                print(f"  {label:{width}s} {type(e).__name__}: {str(e)[:160]}")
+
+
+def _kernels(x) -> list:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = [("tiled_tuned", lambda: m.tiled_tuned(x))]
+    for bm, bn in BOXES:
+        for w in WARPS:
+            out.append((f"one box {bm}x{bn} warps={w}", lambda bm=bm, bn=bn, w=w: one_box(x, bm, bn, w)))
+    for bm, bn in BOXES[:4]:
+        for per_sm in (2, 4, 8):
+            out.append((f"persistent {bm}x{bn} {per_sm}/SM stages=2",
+                        lambda bm=bm, bn=bn, per_sm=per_sm: persistent(x, bm, bn, 4, per_sm * sms)))
+    return out
+
+
+def main() -> None:
+    if "--check" in sys.argv:
+        return check()
+    sweep(_kernels)
 
 
 if __name__ == "__main__":

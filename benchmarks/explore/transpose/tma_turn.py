@@ -119,42 +119,24 @@ def lower() -> None:
             print(f"{bm}x{bn} {name} warps={warps} block={spt}: {report(k)}; {dict(ops)}")
 
 
+def _kernels(x) -> list:
+    out = [("tiled_tuned", lambda: m.tiled_tuned(x)), ("tma (the case's, 64x64, 4 warps)", lambda: m.tma(x))]
+    for t in TURNS:
+        bm, bn, warps, spt = t[:4]
+        out.append((f"gluon turn {bm}x{bn} warps={warps} block={spt[0]}x{spt[1]}", lambda t=t: turn(x, *t)))
+    # the case kernel's edges: boxes clipped at both (a quarter of the matrix, less a few rows and columns)
+    odd = x[:, : x.shape[1] // 4 + 24, : x.shape[2] // 4 + 40].contiguous()
+    ok = all(torch.equal(turn(odd, *t), odd.transpose(1, 2).contiguous()) for t in TURNS)
+    print(f"  clipped boxes ({odd.shape[1]} x {odd.shape[2]}): {'exact' if ok else 'WRONG'}")
+    return out
+
+
 def main() -> None:
     if "--lower" in sys.argv:
         return lower()
-    from triton.testing import do_bench
+    from tma_boxes import sweep  # this folder's: run as a script, it is on the path
 
-    once = "--once" in sys.argv
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    rows, cols = (int(args[0]), int(args[1])) if len(args) == 2 else (16384, 16384)
-    for dtype in (torch.bfloat16, torch.float32):
-        x = torch.randn(1, rows, cols, 1, device="cuda", dtype=dtype)
-        want = x.transpose(1, 2).contiguous()
-        moved = 2 * x.numel() * x.element_size()
-
-        def report(label, fn, check=True):
-            try:
-                if check and not torch.equal(fn(), want):
-                    print(f"  {label:40s} WRONG")
-                    return
-                if once:  # under ncu: each kernel's counters, not times
-                    return
-                us = do_bench(fn) * 1e3
-                print(f"  {label:40s} {us:8.1f} us  {moved / us / 1e6:5.2f} TB/s", flush=True)
-            except Exception as e:  # noqa: BLE001 (an exploration: a layout the compiler refuses is a finding too)
-                print(f"  {label:40s} {type(e).__name__}: {str(e)[:160]}")
-
-        print(f"\n{rows} x {cols} {str(dtype).removeprefix('torch.')}")
-        report("copy", lambda: x.clone(), check=False)  # the roof, not a transpose
-        report("tiled_tuned", lambda: m.tiled_tuned(x))
-        report("tma (the case's, 64x64, 4 warps)", lambda: m.tma(x))
-        for bm, bn, warps, spt, tpw, wpc in TURNS:
-            report(f"gluon turn {bm}x{bn} warps={warps} block={spt[0]}x{spt[1]}",
-                   lambda: turn(x, bm, bn, warps, spt, tpw, wpc))
-        # the same edges as the case's kernel: a shape whose boxes are clipped at both edges
-        odd = torch.randn(1, rows // 4 + 24, cols // 4 + 40, 1, device="cuda", dtype=dtype)
-        ok = all(torch.equal(turn(odd, *t), odd.transpose(1, 2).contiguous()) for t in TURNS)
-        print(f"  clipped boxes ({odd.shape[1]} x {odd.shape[2]}): {'exact' if ok else 'WRONG'}")
+    sweep(_kernels, width=40)
 
 
 if __name__ == "__main__":
