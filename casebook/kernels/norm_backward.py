@@ -1,6 +1,6 @@
-"""The norms' backward with the next rows in flight, and rows past 8K columns split by columns: the kernels of
-layernorm_backward's `triton_pipelined` rung (CENTERED: layernorm's mean and db; without it, RMSNorm's backward,
-which the wide-rows exploration times too).
+"""The norms' backward with the next rows in flight, and rows past 8K columns split by columns: the kernels of the
+`triton_pipelined` rung of both backward cases (`rmsnorm_backward`, `layernorm_backward`; CENTERED is
+layernorm's mean and db).
 
 The committed `triton_partial` (`rmsnorm._backward`, `layernorm._backward`) holds a whole row of x, dy, w and the
 dw (and db) partials in registers, one row a program iteration. Two things hold it back, measured on an H100
@@ -14,8 +14,8 @@ dw (and db) partials in registers, one row a program iteration. Two things hold 
   lowered for sm_90a): 0.38 TB/s. `split` gives a row's columns to several programs, each owning a slice of dx,
   dw and db, each reading the row's two sums over the whole row a chunk at a time (the row's other reads come
   from L2, where its neighbours' programs just read them): 1.54 TB/s, level with Liger (1.52), and it takes
-  rows of 32K columns, which the committed kernel refuses. (rmsnorm spills less there, and its committed kernel
-  stays faster, 1.87 against the split's 1.63.)
+  rows of 32K columns, which the committed kernel refuses. rmsnorm spills less there and its committed kernel
+  stays faster (1.87 against the split's 1.63), so its rung keeps it from 8K to 16K columns.
 
 Both kernels leave fp32 partials of dw (and db), one row a program or group, summed by rmsnorm's second pass.
 """
@@ -30,7 +30,8 @@ from casebook.kernels.device import INTERPRET, num_sms
 from casebook.kernels.rmsnorm import _sum_partials_kernel
 
 ROWS_UP_TO = 8192
-"""Columns up to which whole rows are pipelined; past it, rows are split by columns."""
+"""Columns up to which whole rows are pipelined; past it, rows are split by columns (or, for rmsnorm to its
+MAX_BACKWARD, the committed kernel)."""
 
 ROWS_STAGES = ((4096, 4), (ROWS_UP_TO, 3))
 """(columns up to, stages) of `rows`: the H100 sweep's fastest, one program an SM."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from casebook.kernels import layernorm, layernorm_backward, rmsnorm
+from casebook.kernels import layernorm, layernorm_backward, rmsnorm, rmsnorm_backward
 from casebook.run.inprocess import check
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -23,9 +23,9 @@ CASES = {
     "rmsnorm_residual": (rmsnorm, rmsnorm.reference_residual, rmsnorm.make_residual_inputs, SHAPES,
                          ["torch_compile_residual", "liger_residual", "triton_onepass_residual",
                           "triton_long_residual"]),
-    "rmsnorm_backward": (rmsnorm, rmsnorm.reference_backward, rmsnorm.make_backward_inputs, BACKWARD_SHAPES,
-                         ["torch_backward", "torch_compile_backward", "liger_backward", "triton_atomic",
-                          "triton_partial"]),
+    "rmsnorm_backward": (rmsnorm_backward, rmsnorm.reference_backward, rmsnorm.make_backward_inputs,
+                         BACKWARD_SHAPES, ["torch_backward", "torch_compile_backward", "liger_backward",
+                                           "triton_atomic", "triton_partial", "triton_pipelined"]),
     "layernorm": (layernorm, layernorm.reference, layernorm.make_inputs, SHAPES,
                   ["torch_compile", "liger", "triton_onepass", "triton_long"]),
     "layernorm_backward": (layernorm_backward, layernorm.reference_backward, layernorm.make_backward_inputs,

@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from casebook.kernels import norm_backward
+from casebook.kernels import norm_backward, rmsnorm_backward
 from casebook.kernels import rmsnorm as mod
 from casebook.run.inprocess import check
 from casebook.tolerance import TOLERANCE
@@ -37,6 +37,8 @@ CASES = {  # case id -> (reference, input maker)
     "rmsnorm_residual": (mod.reference_residual, mod.make_residual_inputs),
     "rmsnorm_backward": (mod.reference_backward, mod.make_backward_inputs),
 }
+MODULES = {"rmsnorm": mod, "rmsnorm_residual": mod, "rmsnorm_backward": rmsnorm_backward}
+"""Each case's module, where its variants' functions are."""
 
 
 def on_cpu(case: str) -> list[str]:
@@ -61,7 +63,7 @@ def seeds(*key) -> list[int]:
 
 def run_check(case: str, fn: str, rows: int, cols: int, dtype: str):
     reference, make_inputs = CASES[case]
-    return check(getattr(mod, fn), reference, make_inputs, {"rows": rows, "cols": cols}, dtype, "cpu",
+    return check(getattr(MODULES[case], fn), reference, make_inputs, {"rows": rows, "cols": cols}, dtype, "cpu",
                  seeds(case, fn, rows, cols, dtype))
 
 
@@ -69,7 +71,7 @@ def test_every_case_has_cpu_variants_here():
     assert on_cpu("rmsnorm") == ["eager", "torch_rms_norm", "triton_onepass", "triton_long"]
     assert on_cpu("rmsnorm_residual") == ["eager_residual", "torch_residual", "triton_onepass_residual",
                                           "triton_long_residual"]
-    assert on_cpu("rmsnorm_backward") == ["eager_backward", "triton_atomic", "triton_partial"]
+    assert on_cpu("rmsnorm_backward") == ["eager_backward", "triton_atomic", "triton_partial", "triton_pipelined"]
 
 
 @pytest.mark.parametrize("case, fn, rows, cols, dtype", POINTS,
@@ -205,15 +207,20 @@ def test_scenarios_call_the_kernel_once_and_agree_across_variants():
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kernel", ["rows", "split"])
-@pytest.mark.parametrize("rows, cols", [(1, 1000), (37, 4097)])
-def test_norm_backward_kernels_without_a_mean_are_rmsnorms_backward(monkeypatch, kernel, rows, cols):
-    """norm_backward's two kernels (layernorm_backward's pipelined rung) with no mean are RMSNorm's backward: the
-    rows pipelined, and rows split by columns (slices lowered here so that 4097 columns are five, the last
-    ragged), both against rmsnorm's float64 reference in bf16."""
+@pytest.mark.parametrize("cols, path", [(1000, "rows"), (2049, "triton_partial"), (4097, "split")])
+def test_pipelined_rung_takes_its_three_paths(monkeypatch, cols, path):
+    """Rows pipelined to ROWS_UP_TO columns, the committed kernel from there to MAX_BACKWARD, the column split past
+    it (all three bounds lowered here): each path right, at a ragged width, in bf16."""
+    monkeypatch.setattr(norm_backward, "ROWS_UP_TO", 1024)
+    monkeypatch.setattr(rmsnorm_backward, "MAX_BACKWARD", 4096)
     monkeypatch.setattr(norm_backward, "SPLIT_SLICE", 1024)
     monkeypatch.setattr(norm_backward, "SPLIT_CHUNK", 512)
-    fn = getattr(norm_backward, kernel)
-    c = check(lambda x, w, dy, rstd: tuple(fn(x, w, dy, None, rstd)), mod.reference_backward,
-              mod.make_backward_inputs, {"rows": rows, "cols": cols}, "bf16", "cpu", seeds(kernel, rows, cols))
+    seen = []
+    def spy(name, f):
+        return lambda *a, **k: seen.append(name) or f(*a, **k)
+
+    for name, owner in (("rows", norm_backward), ("split", norm_backward), ("triton_partial", rmsnorm_backward)):
+        monkeypatch.setattr(owner, name, spy(name, getattr(owner, name)))
+    c = run_check("rmsnorm_backward", "triton_pipelined", 7, cols, "bf16")
     assert c.correct, c.error
+    assert set(seen) == {path}
