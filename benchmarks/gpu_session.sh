@@ -7,8 +7,8 @@
 # Run on the device from the repository root, after the wheel install line (README, "Refreshing the book"):
 #   bash benchmarks/gpu_session.sh case CASE [TESTS [K]]  # TESTS (a tests/kernels/*_gpu.py file, -k K), then
 #                                                 # `casebook run cases/CASE.yaml --save --counters`
-#   bash benchmarks/gpu_session.sh gpu-tests      # every tests/kernels/*_gpu.py file, each under its own limit,
-#                                                 # what failed and why in one summary
+#   bash benchmarks/gpu_session.sh gpu-tests      # every tests/kernels/*_gpu.py file (FILES: which), each under
+#                                                 # its own limit, what failed and why in one summary
 #   bash benchmarks/gpu_session.sh book           # issue 44: `casebook run --all --save --resume --counters`
 #                                                 # until DEADLINE (CASES: an order), the cache carried in and back
 #   bash benchmarks/gpu_session.sh explore        # the explorations waiting for a GPU (EXPLORE: which), timed,
