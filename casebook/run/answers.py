@@ -18,7 +18,7 @@ import json
 import time
 
 from casebook.run.child import Task
-from casebook.run.hardware import memory_bytes
+from casebook.run.hardware import device_memory_bytes
 from casebook.run.isolate import Worker
 from casebook.run.messages import Answer, Expected, Stopped, TrafficModel, read
 from casebook.run.oracle import OracleTask
@@ -30,14 +30,8 @@ point's six bf16 outputs are 12 GiB, lent and then copied, and its four float32 
 
 
 def default_budget(device: str) -> int:
-    """`BUDGET_FRACTION` of the device's memory, in bytes."""
-    if device == "cuda":
-        import torch
-
-        if torch.cuda.is_available():
-            return int(BUDGET_FRACTION * torch.cuda.get_device_properties(0).total_memory)
-
-    return int(BUDGET_FRACTION * (memory_bytes() or 8 * 2**30))
+    """`BUDGET_FRACTION` of the device's memory (`hardware.device_memory_bytes`), in bytes."""
+    return int(BUDGET_FRACTION * device_memory_bytes(device))
 
 
 def fixed_seeds(task: Task) -> tuple[int, ...]:

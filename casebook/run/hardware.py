@@ -89,6 +89,17 @@ def memory_bytes() -> int | None:
     return None
 
 
+def device_memory_bytes(device: str) -> int:
+    """The memory of the device a run judges on: a GPU's (the first visible) where `device` is one and CUDA is
+    there, else the host's; 8 GiB where neither can be read."""
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory
+    return memory_bytes() or 8 * 2**30
+
+
 def identify(devices: int = 1) -> Machine:
     """Which machine this is: slug, name, kind, the datasheet entry if any. Over one device, the devices a
     case runs on together are the machine: `-x<devices>` on the slug (2 H200s and 8 are different machines)."""

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from casebook.run import cuda_ipc
-from casebook.run.hardware import memory_bytes
+from casebook.run.hardware import device_memory_bytes
 
 MAX_MESSAGE = 16 * 2**30
 """The most bytes of tensors the parent reads through the host (outputs of a large GEMM in float64 fit)."""
@@ -301,10 +301,7 @@ def open_loan(grant: dict | None) -> Outbox | None:
         _opened.clear()  # this answer is refused; the next request maps its loan afresh
         raise LoanLost("the memory lent for its answers was unmapped in the child before they were copied in")
     if _opened.get("key") != key:
-        old = _opened.pop("memory", None)
-        _opened.clear()
-        if old is not None:
-            old.close()
+        _unmap()
         _opened.update(key=key, memory=MEMORY[grant["kind"]].open(grant))
     outbox = _opened.get("outbox")
     if outbox is None or outbox.id != grant["id"] or outbox.memory is not _opened["memory"]:
@@ -316,10 +313,15 @@ def close_loan(grant: dict | None) -> None:
     """In the child, once it has answered: the memory of a loan lent once (`Arena.lend`) unmapped, so that the
     parent's freeing it gives it back to the device."""
     if grant and grant.get("once") and _opened.get("key") == (grant["kind"], grant["name"], grant["bytes"]):
-        memory = _opened.pop("memory", None)
-        _opened.clear()
-        if memory is not None:
-            memory.close()
+        _unmap()
+
+
+def _unmap() -> None:
+    """In the child: the loan it holds mapped, closed and forgotten."""
+    memory = _opened.pop("memory", None)
+    _opened.clear()
+    if memory is not None:
+        memory.close()
 
 
 _serving: list = [None]
@@ -744,14 +746,8 @@ class Arena:
 
 
 def keep_bytes(device: str) -> int:
-    """`KEEP_FRACTION` of `device`'s memory (a GPU's, else the host's; 8 GiB where it cannot be read)."""
-    if device == "cuda":
-        import torch
-
-        total = torch.cuda.get_device_properties(0).total_memory
-    else:
-        total = memory_bytes()
-    return int(KEEP_FRACTION * (total or 8 * 2**30))
+    """`KEEP_FRACTION` of `device`'s memory (`hardware.device_memory_bytes`)."""
+    return int(KEEP_FRACTION * device_memory_bytes(device))
 
 
 def arena_for(device: str) -> tuple["Arena | None", str]:

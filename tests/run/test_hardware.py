@@ -202,3 +202,11 @@ def test_a_checkout_is_dirty_by_its_code_and_cases_not_by_the_results_it_stores(
     assert hardware._git()["casebook_dirty"] is False
     (repo / "cases" / "f.txt").write_text("a case edited\n")
     assert hardware._git()["casebook_dirty"] is True
+
+
+def test_the_device_memory_is_the_hosts_without_a_gpu_and_never_unknown(monkeypatch):
+    assert hardware.device_memory_bytes("cpu") == (hardware.memory_bytes() or 8 * 2**30)
+    monkeypatch.setattr(hardware, "memory_bytes", lambda: None)
+    assert hardware.device_memory_bytes("cpu") == 8 * 2**30
+    if not __import__("torch").cuda.is_available():  # asked for a GPU where there is none: the host's
+        assert hardware.device_memory_bytes("cuda") == 8 * 2**30
