@@ -7,8 +7,8 @@
 # Run on the device from the repository root, after the wheel install line (README, "Refreshing the book"):
 #   bash benchmarks/gpu_session.sh case CASE [TESTS [K]]  # TESTS (a tests/kernels/*_gpu.py file, -k K), then
 #                                                 # `casebook run cases/CASE.yaml --save --counters`
-#   bash benchmarks/gpu_session.sh gpu-tests      # every tests/kernels/*_gpu.py file (FILES: which), each under
-#                                                 # its own limit, what failed and why in one summary
+#   bash benchmarks/gpu_session.sh gpu-tests      # every tests/kernels/*_gpu.py file (FILES: which) in one
+#                                                 # pytest over WORKERS processes, what failed and why at the end
 #   bash benchmarks/gpu_session.sh book           # issue 44: `casebook run --all --save --resume --counters`
 #                                                 # until DEADLINE (CASES: an order), the cache carried in and back
 #   bash benchmarks/gpu_session.sh explore        # the explorations waiting for a GPU (EXPLORE: which), timed,
@@ -107,20 +107,19 @@ case "${1:-}" in
     fi
     python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rungs will be skipped"
     run_case "$name" $((${DEADLINE:-580} - SECONDS)) --counters ;;
-  gpu-tests)  # every GPU-only test file (FILES: which) under a share of the call, so one slow file cannot take the
-             # rest; a share under 60 s runs no file (a file cut before its summary names no failure: on an H100,
-             # 25 s a file ended all eight mid-run), and the files left are named as not run
+  gpu-tests)  # every GPU-only test file (FILES: which) in one pytest spread over WORKERS processes (pytest-xdist,
+             # which the image has): compiling, not the GPU, takes their time, and one file after another took
+             # the ~970 tests past a 10-minute job on an H100 (72-82 s a file ran 28-92 of a file's 14-358). Each
+             # verdict is printed as it ends (-v), so a call's limit still names what failed; why, at the end
     end=${DEADLINE:-570}
     files=(${FILES:-tests/kernels/*_gpu.py})
-    for i in "${!files[@]}"; do
-      f=${files[$i]}; left=$(( (end - SECONDS) / (${#files[@]} - i) ))
-      [ "$left" -ge 60 ] || left=$(( end - SECONDS ))
-      if [ "$left" -lt 60 ]; then echo "not run (the call's time is spent): ${files[*]:$i}"; break; fi
-      # -v: each test's verdict as it ends, so a file its limit cuts still names what failed
-      timeout "$left" python3 -m pytest -v --tb=short -p no:cacheprovider -rfE "$f" > "$out/logs/$(basename "$f" .py).txt" 2>&1
-      echo "$f: exit $? within ${left} s: $(tail -1 "$out/logs/$(basename "$f" .py).txt")"
-    done
-    grep -h -E '^(FAILED|ERROR) | (FAILED|ERROR) +\[' "$out"/logs/*_gpu.txt | cut -c1-200 | head -40 ;;
+    spread=(); python3 -c 'import xdist' 2>/dev/null && spread=(-n "${WORKERS:-8}" --dist worksteal)
+    start=$SECONDS
+    timeout $((end - SECONDS)) python3 -m pytest -v --tb=short -p no:cacheprovider -rfE --durations=25 \
+      "${spread[@]}" "${files[@]}" > "$out/logs/gpu_tests.txt" 2>&1
+    echo "gpu-tests (${spread[*]:-one process}): exit $? in $((SECONDS - start)) s: $(tail -1 "$out/logs/gpu_tests.txt")"
+    grep -h -E '^(FAILED|ERROR) ' "$out/logs/gpu_tests.txt" | cut -c1-300 | head -40
+    grep -q '^FAILED ' "$out/logs/gpu_tests.txt" || grep -E '(FAILED|ERROR) +tests/' "$out/logs/gpu_tests.txt" | head -20 ;;
   book)  # issue 44: the book's own refresh, one command run again in each call until nothing is left. It stores
           # into this copy's results/, so a case whose committed result is current is left alone; CASES names
           # cases in the order wanted (default --all); every results/<slug> file comes back in
