@@ -113,7 +113,7 @@ case "${1:-}" in
              # verdict is printed as it ends (-v), so a call's limit still names what failed; why, at the end
     end=${DEADLINE:-570}
     files=(${FILES:-tests/kernels/*_gpu.py})
-    spread=(); python3 -c 'import xdist' 2>/dev/null && spread=(-n "${WORKERS:-8}" --dist worksteal)
+    spread=(); python3 -c 'import xdist' 2>/dev/null && spread=(-n "${WORKERS:-8}" --dist loadgroup)
     start=$SECONDS
     timeout $((end - SECONDS)) python3 -m pytest -v --tb=short -p no:cacheprovider -rfE --durations=25 \
       "${spread[@]}" "${files[@]}" > "$out/logs/gpu_tests.txt" 2>&1

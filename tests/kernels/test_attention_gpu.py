@@ -25,6 +25,18 @@ DECODE = [(8, 32, 8, 1, 32768, 128), (1, 32, 8, 1, 100003, 128), (4, 32, 32, 1, 
 DECODE_RUNGS = ["eager", "sdpa", "triton_gqa", "triton_split", "triton_split_fused"]
 
 
+def large_memory(shape=(), **_) -> bool:
+    """Prefill's float64 scores, or decode's K and V repeated to every query head in float64, past 300 M
+    elements (2.4 GB) a tensor: those tests run one at a time (tests/kernels/conftest.py)."""
+    if len(shape) == 7:  # prefill: batch, heads, kv_heads, seq_q, seq_kv, head_dim, mask
+        b, h, _, sq, skv, _, _ = shape
+        return b * h * sq * skv >= 3e8
+    if len(shape) == 6:  # decode: batch, heads, kv_heads, seq_q, seq_kv, head_dim
+        b, h, _, _, skv, d = shape
+        return b * h * skv * d >= 3e8
+    return False
+
+
 @functools.cache
 def _declared_tolerances(case: str) -> dict[str, float | None]:
     """{fn: the tolerance the case declares for the rung that calls it} (None where it declares none; a declared
@@ -64,16 +76,19 @@ def test_decode_rung_on_gpu(fn, shape):
 
 
 def test_fused_combine_holds_over_many_launches():
-    """A thousand back-to-back launches of the fused split: each output equals the two-launch split's bit for bit
-    (a merge that read a partial before it landed, or a counter left non-zero, would differ), counters back at 0."""
+    """A thousand back-to-back launches of the fused split: every output equals the first bit for bit (a merge
+    that read a partial before it landed, or a counter left non-zero, would differ from launch to launch), the
+    first agrees with the two-launch split to bf16's rounding, and the counters are back at 0. Bit for bit
+    against the two-launch split held only while both were tuned to the same tile: the autotuner keys them
+    apart, and with other processes on the card (`pytest -n`) it picked 64 keys for one and 128 for the other."""
     from casebook.kernels import attention_common as ac
     from casebook.kernels import attention_decode as mod
 
     x = mod.make_inputs({"batch": 8, "heads": 32, "kv_heads": 8, "seq_q": 1, "seq_kv": 32768, "head_dim": 128},
                         torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
-    expect = mod.triton_split(**x)
-    for _ in range(1000):
-        y = mod.triton_split_fused(**x)
-    torch.cuda.synchronize()
-    assert torch.equal(y, expect)
+    ys = [mod.triton_split_fused(**x) for _ in range(1000)]  # 64 KB each, kept: no sync between the launches
+    first = ys[0]
+    differ = sum(not torch.equal(y, first) for y in ys[1:])
+    assert differ == 0, f"{differ} of 999 launches differ from the first"
+    torch.testing.assert_close(first, mod.triton_split(**x), rtol=2e-2, atol=2e-3)
     assert int(ac._COUNTERS[x["q"].device].abs().sum()) == 0

@@ -21,6 +21,18 @@ PREFIX = [(64, 32, 8, 32768, 256, 128), (1, 32, 8, 8200, 37, 128), (37, 32, 8, 4
 PREFIX_RUNGS = ["sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_cascade", "triton_cascade_fused"]
 
 
+def large_memory(fn=None, shape=(), **_) -> bool:
+    """K and V expanded to every query head (and, for a shared prefix, to every request) in float64 past 300 M
+    elements (2.4 GB): those tests run one at a time (tests/kernels/conftest.py)."""
+    if len(shape) == 7:  # paged: batch, heads, kv_heads, seq_kv, head_dim, page_size, order
+        b, h, _, skv, d, _, _ = shape
+        return b * h * skv * d >= 3e8
+    if len(shape) == 6:  # prefix: batch, heads, kv_heads, prefix, suffix, head_dim
+        b, h, _, prefix, suffix, d = shape
+        return b * h * (prefix + suffix) * d >= 3e8
+    return False
+
+
 def _run(mod, fn, shape, keys):
     try:
         c = check(getattr(mod, fn), mod.reference, mod.make_inputs, dict(zip(keys, shape)), "bf16", "cuda", [11, 12])
