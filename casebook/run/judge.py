@@ -141,8 +141,25 @@ def _unusable(run: Ran | Stopped, reference: Answer | Stopped | None, needs_refe
     return None
 
 
-def point(task, run: PointRun | Stopped, reference: Answer | Stopped | None) -> Point:
-    """The point's record from what the two children sent: status, errors, the summary and the placement."""
+def judge_calls(task, calls: list[Call], expected: dict[str, Expected]) -> dict[int, tuple | CheckFailed]:
+    """Each of `calls` whose seed has an answer in `expected` judged now (`judge_call`), by its place in `calls`:
+    its (normwise, row) errors, or the CheckFailed it raised, for `point` to take as `judged`. So a point can be
+    judged in two goes, the outputs and answers of the first let go before the rest are asked for."""
+    out: dict[int, tuple | CheckFailed] = {}
+    for i, rec in enumerate(calls):
+        if (answer := expected.get(str(rec.seed))) is not None:
+            try:
+                out[i] = judge_call(rec, answer, task.device, task.dtype, task.tolerance)
+            except CheckFailed as e:
+                out[i] = e
+    return out
+
+
+def point(task, run: PointRun | Stopped, reference: Answer | Stopped | None,
+          judged: dict[int, tuple | CheckFailed] | None = None) -> Point:
+    """The point's record from what the two children sent: status, errors, the summary and the placement.
+    `judged`: calls of a single-device point already judged (`judge_calls`), by their place in `run.calls`; each is
+    taken as it was judged, in its turn, so the first failing call is still the one reported."""
     at = {"variant": task.variant, "shape": task.shape, "dtype": task.dtype}
     if why := _unusable(run, reference):
         return Point(**at, **why)
@@ -154,11 +171,15 @@ def point(task, run: PointRun | Stopped, reference: Answer | Stopped | None) -> 
         if why := missing_calls(task, rank_calls):
             return Point(**at, status="failed", correct=False, error=f"{who}{why}")
     worst = worst_row = 0.0
+    judged = {} if judged is None or run.rank_calls else judged
     for who, rank_calls in by_rank:
-        for rec in rank_calls:
+        for i, rec in enumerate(rank_calls):
             try:
-                err, row = judge_call(rec, reference.expected.get(str(rec.seed)), task.device, task.dtype,
-                                      task.tolerance)
+                verdict = judged.get(i)
+                if isinstance(verdict, CheckFailed):
+                    raise verdict
+                err, row = verdict or judge_call(rec, reference.expected.get(str(rec.seed)), task.device,
+                                                 task.dtype, task.tolerance)
             except CheckFailed as e:
                 return Point(**at, status="failed", correct=False, max_rel_err=worst,
                              error=f"{who}{_where(rec)}: {e}")

@@ -359,7 +359,7 @@ def _pair(task: Task, variant: Worker, answers: Answers, timeout_s: float) -> Cl
     run = _read(PairRun, variant.request(task, timeout_s, room=2 * kept_calls(True) * call_bytes(fixed, task.dtype)),
                 variant)
     recs = [*run.calls.variant, *run.calls.over] if isinstance(run, PairRun) else []
-    return judge.pair(task, run, _reference(task, recs, fixed, answers)[0])
+    return judge.pair(task, run, _reference(task, _more_seeds(task, recs, fixed), fixed, answers)[0])
 
 
 def _scenario(task: Task, variant: Worker, timeout_s: float, t0: float) -> Scenario:
@@ -383,14 +383,25 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
         crossing = f"host: the child could not map the memory lent to it ({variant.crossing_error})"
     if loaded is not None:
         loaded.update(run.loaded)
-    reference = fixed
-    if isinstance(run, PointRun):
-        recs = [r for c in run.rank_calls or [run.calls] for r in c]
-        reference, asked_s = _reference(task, recs, fixed, answers)
-        oracle_s += asked_s
-    del fixed
+    reference, judged, more = fixed, None, []
     t1 = time.perf_counter()
-    record = judge.point(task, run, reference)
+    if isinstance(run, PointRun):
+        more = _more_seeds(task, [r for c in run.rank_calls or [run.calls] for r in c], fixed)
+        if more and isinstance(fixed, Answer) and not run.rank_calls:
+            # the calls whose answers are here judged first, and their outputs and answers let go before the
+            # reference's child computes the rest (the blended set's): at 4096 x 262144 the parent held 40 GB of
+            # them while that child needed 36, and an 80 GB H100 ran out of memory
+            judged = judge.judge_calls(task, run.calls, fixed.expected)
+            run = run.model_copy(update={"calls": [c.model_copy(update={"outputs": []}) if i in judged else c
+                                                   for i, c in enumerate(run.calls)]})
+            reference = Answer(status="ok", expected={}, traffic=fixed.traffic)
+    del fixed
+    if more:
+        t2 = time.perf_counter()
+        reference, asked_s = _reference(task, more, reference, answers)
+        oracle_s += asked_s
+        t1 += time.perf_counter() - t2  # the judging's time, not the wait for the reference
+    record = judge.point(task, run, reference, judged)
     # ranks time side by side: the point took the longest rank's time
     timed_s = max(_timed_s(t) for t in [run.times_us, *(run.rank_times_us or [])]) if isinstance(
         run, PointRun) else 0.0
@@ -403,16 +414,19 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     return record
 
 
-def _reference(task: Task, recs: list[Call], fixed: Answer | Stopped, answers: Answers) -> tuple[Answer | Stopped,
-                                                                                                  float]:
-    """The reference's answers for every seed the kept records name (`reference_seeds`): those asked for before
-    the call (`fixed`), and the rest (a blended set, a cold graph's further input sets) asked for now; with the
-    seconds the asking took."""
+def _more_seeds(task: Task, recs: list[Call], fixed: Answer | Stopped) -> list[int]:
+    """The seeds the kept records name (`reference_seeds`) whose answers were not asked for before the call: a
+    blended set, a cold graph's further input sets."""
     if isinstance(fixed, Stopped):
-        return fixed, 0.0
-    seeds = sorted({r.seed for r in recs if names_reference(task, r.seed)})
-    more = [s for s in seeds if str(s) not in fixed.expected]
-    if not more:
+        return []
+    return [s for s in sorted({r.seed for r in recs if names_reference(task, r.seed)}) if str(s) not in fixed.expected]
+
+
+def _reference(task: Task, more: list[int], fixed: Answer | Stopped, answers: Answers) -> tuple[Answer | Stopped,
+                                                                                                 float]:
+    """The reference's answers for the kept records: those asked for before the call (`fixed`), and `more`
+    (`_more_seeds`) asked for now; with the seconds the asking took."""
+    if isinstance(fixed, Stopped) or not more:
         return fixed, 0.0
     reference = answers.get(task, more)
     if isinstance(reference, Answer):  # the answers already here are not asked for (nor held) twice
