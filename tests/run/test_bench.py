@@ -196,3 +196,37 @@ def test_ranks_meet_before_each_timed_repetition_outside_its_time(monkeypatch):
     events.clear()
     time_fn(lambda: events.append("call"), "cpu", proto.model_copy(update={"rank_barrier": False}))
     assert "meet" not in events  # one device: as before
+
+
+def test_a_spread_over_the_bound_is_read_from_enough_repetitions(monkeypatch):
+    """Three slow repetitions in the first twenty settle the median but make the p90: timing goes on, and where they
+    were a burst the spread falls within the bound (three in forty); a spread that recurs is read from SPREAD_REPS
+    repetitions and stays over it."""
+    def sampler(pattern):
+        def make(flush, slack, prepare=None, align=None):
+            k = iter(range(10**6))
+
+            def sample(n, observe):
+                for _ in range(n):
+                    observe((yield bench.Step()))
+                return [(pattern(next(k)), False) for _ in range(n)]
+            return sample
+        return make
+
+    monkeypatch.setattr(bench, "_sync", lambda device: None)
+    monkeypatch.setattr(bench, "_warm_sampler", lambda cold: None)
+    proto = Protocol(warmup_ms=0.0, min_reps=10, max_reps=2000, target_ci=0.005, time_cap_s=30.0)
+    monkeypatch.setattr(bench, "_cuda_sampler", sampler(lambda i: 2.0 if i in (3, 7, 12) else 1.0))
+    t = time_fn(lambda: None, "cuda", proto)
+    assert len(t.times) > 20 and t.summary.p90_us == 1.0
+    monkeypatch.setattr(bench, "_cuda_sampler", sampler(lambda i: 2.0 if i % 4 == 0 else 1.0))
+    t = time_fn(lambda: None, "cuda", proto)
+    assert bench.SPREAD_REPS <= len(t.times) < 2000 and t.summary.p90_us == 2.0  # read, and still over
+    monkeypatch.setattr(bench, "_cuda_sampler", sampler(lambda i: 1.0 + (i % 5) * 1e-4))
+    assert len(time_fn(lambda: None, "cuda", proto).times) < bench.SPREAD_REPS  # within the bound: the median rules
+
+
+def test_spread_read_uses_the_devices_bound():
+    assert bench.spread_read([1.0] * 9 + [1.4] * 3, "cuda") and not bench.spread_read([1.0] * 9 + [1.6] * 3, "cuda")
+    assert bench.spread_read([1.0] * 9 + [2.9] * 3, "cpu") and not bench.spread_read([1.0] * 9 + [3.1] * 3, "cpu")
+    assert bench.spread_read([1.0] * 50 + [9.0] * 50, "cuda")  # enough repetitions: read as it is
