@@ -4,6 +4,7 @@ and the CLI run in-process."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,12 +50,32 @@ KERNELS = REPO / "tests" / "kernels"
 so the harness's quick loop can leave them out and a kernel's author can run its file alone."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The markers: `slow`, `kernels`, and where the tests are spread over processes (pytest-xdist) the
+    `large_memory` group. The GPU-only tests run spread over several processes on one card (`pytest -n 8 --dist
+    loadgroup`); a test module names the tests whose float64 reference needs gigabytes with a function
+    `large_memory(**params) -> bool`, called with each test's parameters, and those run one after another in one
+    process, so no two of them meet on the card: eight processes at once ran 16 of them out of memory on an 80 GB
+    H100."""
+    spread = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if KERNELS in Path(item.fspath).parents:
             item.add_marker(pytest.mark.kernels)
+        large = getattr(getattr(item, "module", None), "large_memory", None)
+        if spread and large is not None and hasattr(item, "callspec") and large(**item.callspec.params):
+            item.add_marker(pytest.mark.xdist_group("large_memory"))
+
+
+@pytest.fixture(autouse=True)
+def _release_cached_gpu_memory():
+    """After each test on a GPU, the memory torch's allocator cached for it handed back, so that the processes
+    sharing the card (`pytest -n`) do not each hold the largest test's blocks for the rest of the session."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

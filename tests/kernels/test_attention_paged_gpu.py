@@ -23,7 +23,7 @@ PREFIX_RUNGS = ["sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_ca
 
 def large_memory(fn=None, shape=(), **_) -> bool:
     """K and V expanded to every query head (and, for a shared prefix, to every request) in float64 past 300 M
-    elements (2.4 GB): those tests run one at a time (tests/kernels/conftest.py)."""
+    elements (2.4 GB): those tests run one at a time (tests/conftest.py)."""
     if len(shape) == 7:  # paged: batch, heads, kv_heads, seq_kv, head_dim, page_size, order
         b, h, _, skv, d, _, _ = shape
         return b * h * skv * d >= 3e8

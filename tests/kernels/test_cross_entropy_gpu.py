@@ -21,7 +21,7 @@ VOCABS = (1000, 32000, 32001, 128256, 262144, 300007)  # one chunk; Llama-2; a r
 
 def large_memory(rows=0, vocab=0, **_) -> bool:
     """Logits past 100 M elements, whose float64 reference and gradients take gigabytes: those tests run one at a
-    time (tests/kernels/conftest.py)."""
+    time (tests/conftest.py)."""
     return rows * vocab >= 1e8
 
 
