@@ -207,11 +207,21 @@ ceilings move a few percent with its clocks (1% between the stored H200 runs), n
 def ceilings_apart(a: Ceilings, b: Ceilings) -> list[str]:
     """The measured ceilings (copy bandwidth, matmul per dtype) on which `a` and `b` differ by more than
     `CEILINGS_APART`, each as `name a vs b`."""
+    ra, rb = own_rates(a.matmul_tflops), own_rates(b.matmul_tflops)
     pairs = [("copy", "GB/s", a.copy_gbps, b.copy_gbps)]
-    pairs += [(f"{d} matmul", "TFLOP/s", a.matmul_tflops[d], b.matmul_tflops[d]) for d in a.matmul_tflops
-              if d in b.matmul_tflops]
+    pairs += [(f"{d} matmul", "TFLOP/s", ra[d], rb[d]) for d in ra if d in rb]
     return [f"{what} {x:.3g} vs {y:.3g} {unit}" for what, unit, x, y in pairs
             if min(x, y) > 0 and max(x, y) / min(x, y) - 1 > CEILINGS_APART]
+
+
+def own_rates(matmul_tflops: dict[str, float]) -> dict[str, float]:
+    """The matmul rates measured in their own dtype: one equal to another dtype's to the last bit was copied from
+    it (ceilings before their cache's version 6 gave fp64 the fp32 rate, fp8_e5m2 the e4m3 one, and on a CPU every
+    dtype the fp32 one), and says nothing about its machine."""
+    seen: dict[float, int] = {}
+    for rate in matmul_tflops.values():
+        seen[rate] = seen.get(rate, 0) + 1
+    return {d: rate for d, rate in matmul_tflops.items() if seen[rate] == 1}
 
 
 def launch_count(kernels: int, roofs: Roofs) -> float:

@@ -199,3 +199,22 @@ def test_a_read_only_kernel_over_the_copy_rate_is_placed_under_the_read_stream_n
         place(0.0, gb, 1, gb / 4510.0 / 1e3, H200ISH)
     with pytest.raises(FasterThanPhysics):  # and over the read stream itself, refused still
         place(0.0, gb, 1, gb / 5000.0 / 1e3, H200ISH, write_share=0.0)
+
+
+def test_a_rate_copied_from_another_dtype_is_not_compared():
+    """Ceilings cached before version 6 gave fp64 the fp32 rate (and fp8_e5m2 the e4m3 one): those copies are not
+    measurements, and two H200 results, one with fp64 copied (51.4) and one measured (63.0), are one machine."""
+    from casebook.result import Ceilings
+    from casebook.roofline import ceilings_apart, own_rates
+
+    old = {"bf16": 810.7, "fp32": 51.4, "fp64": 51.4, "fp8_e4m3": 1480.1, "fp8_e5m2": 1480.1}
+    new = {"bf16": 804.8, "fp32": 51.2, "fp64": 63.0, "fp8_e4m3": 1429.9}
+    assert own_rates(old) == {"bf16": 810.7}
+    assert own_rates(new) == new
+
+    def ceilings(rates: dict) -> Ceilings:
+        return Ceilings(copy_gbps=4250.0, matmul_tflops=rates, launch_us=5.0, graph_launch_us=2.0)
+
+    assert ceilings_apart(ceilings(old), ceilings(new)) == []
+    assert ceilings_apart(ceilings({**old, "bf16": 600.0}), ceilings(new)) == ["bf16 matmul 600 vs 805 TFLOP/s"]
+    assert ceilings_apart(ceilings({**new, "fp64": 40.0}), ceilings(new)) == ["fp64 matmul 40 vs 63 TFLOP/s"]
