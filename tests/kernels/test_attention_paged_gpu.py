@@ -21,7 +21,7 @@ PREFIX = [(64, 32, 8, 32768, 256, 128), (1, 32, 8, 8200, 37, 128), (37, 32, 8, 4
 PREFIX_RUNGS = ["sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_cascade", "triton_cascade_fused"]
 
 
-def large_memory(fn=None, shape=(), **_) -> bool:
+def large_memory(shape=(), **_) -> bool:
     """K and V expanded to every query head (and, for a shared prefix, to every request) in float64 past 300 M
     elements (2.4 GB): those tests run one at a time (tests/conftest.py)."""
     if len(shape) == 7:  # paged: batch, heads, kv_heads, seq_kv, head_dim, page_size, order
