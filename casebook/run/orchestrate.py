@@ -390,7 +390,7 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
         if more and isinstance(fixed, Answer) and not run.rank_calls:
             # the calls whose answers are here judged first, and their outputs and answers let go before the
             # reference's child computes the rest (the blended set's): at 4096 x 262144 the parent held 40 GB of
-            # them while that child needed 36, and an 80 GB H100 ran out of memory
+            # them while that child needed at least 36, and an 80 GB H100 ran out of memory
             judged = judge.judge_calls(task, run.calls, fixed.expected)
             run = run.model_copy(update={"calls": [c.model_copy(update={"outputs": []}) if i in judged else c
                                                    for i, c in enumerate(run.calls)]})
