@@ -29,6 +29,11 @@ TICK_ALLOWANCE_S = 0.01
 """One /proc/stat tick per CPU: the rounding of a window's busy time, forgiven before judging it."""
 
 
+def spread_limit(device: str) -> float:
+    """The largest p90 / p10 a point on `device` may have (`SPREAD_RATIO_MAX`; a device it does not name, the CPU's)."""
+    return SPREAD_RATIO_MAX.get(device, SPREAD_RATIO_MAX["cpu"])
+
+
 def bounds() -> StabilityBounds:
     """The bounds, as stored with every result."""
     return StabilityBounds(spread_ratio_max=SPREAD_RATIO_MAX, other_cpu_max_cores=OTHER_CPU_MAX_CORES,
@@ -56,7 +61,7 @@ def reasons(point: Point, device: str) -> list[str]:
     """Why a timed point is unstable (empty: stable, or nothing to judge)."""
     out = []
     p10, p90 = point.p10_us, point.p90_us
-    limit = SPREAD_RATIO_MAX.get(device, SPREAD_RATIO_MAX["cpu"])
+    limit = spread_limit(device)
     if p10 and p90 and p90 / p10 > limit:
         out.append(f"spread p90/p10 {p90 / p10:.2f} over {limit:g} ({p10:.1f}-{p90:.1f} us)")
     for who, reading in readings(point):

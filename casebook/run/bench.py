@@ -29,7 +29,7 @@ import torch
 
 from casebook.result import Protocol
 from casebook.run import interference
-from casebook.stability import SPREAD_RATIO_MAX
+from casebook.stability import spread_limit
 from casebook.stats import Summary, median_stable, summarize
 
 QUICK = Protocol(warmup_ms=5.0, min_reps=5, max_reps=50, target_ci=0.04, time_cap_s=0.3)
@@ -266,12 +266,12 @@ goes on to this many (or the time cap), so the spread is that of the kernel, rec
 
 
 def spread_read(times: list[float], device: str) -> bool:
-    """Whether the repetitions' p90 / p10 can be read as the point's (`stability.SPREAD_RATIO_MAX`): within the
-    bound, or from `SPREAD_REPS` repetitions or more."""
+    """Whether the repetitions' p90 / p10 can be read as the point's: within the stability bound
+    (`stability.spread_limit`), or from `SPREAD_REPS` repetitions or more."""
     if len(times) >= SPREAD_REPS:
         return True
     p10, p90 = np.percentile(times, [10, 90])
-    return p90 <= SPREAD_RATIO_MAX.get(device, SPREAD_RATIO_MAX["cpu"]) * p10
+    return p90 <= spread_limit(device) * p10
 
 
 _flush_time_us: float | None = None
