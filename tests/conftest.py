@@ -3,6 +3,7 @@ and the CLI run in-process."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 import sys
 from pathlib import Path
@@ -70,11 +71,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _release_cached_gpu_memory():
-    """After each test on a GPU, the memory torch's allocator cached for it handed back, so that the processes
-    sharing the card (`pytest -n`) do not each hold the largest test's blocks for the rest of the session."""
+    """After each test on a GPU, the memory it used handed back, so that the processes sharing the card (`pytest
+    -n`) do not each hold the largest test's blocks for the rest of the session: the traceback pytest keeps of the
+    last failure (`sys.last_traceback`, for post-mortem debugging) let go, with the tensors its frames hold, then
+    the cycles collected and the allocator's cache emptied. On an 80 GB H100, 63 of 970 tests failed, every one
+    out of memory, while two processes held 22-24 GB each from one failure to the next: a failed test's frames
+    keep its inputs and its float64 reference alive until the process's next failure."""
     yield
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if hasattr(sys, name):
+                setattr(sys, name, None)
+        if torch.cuda.memory_allocated():
+            gc.collect()
         torch.cuda.empty_cache()
 
 

@@ -58,6 +58,19 @@ def test_the_gpu_bound_on_spread_is_tighter():
     assert stability.reasons(point, "cpu") == [] and "over 1.5" in stability.reasons(point, "cuda")[0]
 
 
+def test_a_gpu_point_that_timed_its_host_is_judged_by_the_hosts_spread():
+    """Most repetitions kept the host's issue time (`late_reps_kept`): the spread is the host's, judged by the
+    CPU's bound; the machine's readings still judged as ever."""
+    host_timed = READING.model_copy(update={"late_reps_kept": 1280})
+    point = quiet(p10_us=268.1, p90_us=425.1)
+    assert "over 1.5 (268.1" in stability.reasons(point, "cuda")[0]
+    assert stability.reasons(quiet(p10_us=268.1, p90_us=425.1, interference=host_timed), "cuda") == []
+    [why] = stability.reasons(quiet(p10_us=100.0, p90_us=400.0, interference=host_timed), "cuda")
+    assert "over 3 (the host bound" in why
+    busy = host_timed.model_copy(update={"run_queue_wait_s": 0.2})
+    assert "waited for a CPU" in stability.reasons(quiet(interference=busy), "cuda")[0]
+
+
 def test_a_short_window_is_not_judged_on_ticks():
     reading = Interference(window_s=0.02, other_cpu_s=0.04, cpus=2)
     assert stability.other_cores(reading) is None

@@ -388,14 +388,17 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     if isinstance(run, PointRun):
         more = _more_seeds(task, [r for c in run.rank_calls or [run.calls] for r in c], fixed)
         if more and isinstance(fixed, Answer) and not run.rank_calls:
-            # the calls whose answers are here judged first, and their outputs and answers let go before the
-            # reference's child computes the rest (the blended set's): at 4096 x 262144 the parent held 40 GB of
-            # them while that child needed at least 36, and an 80 GB H100 ran out of memory
+            # the calls whose answers are here judged first, and their outputs and answers let go, and handed
+            # back to the device, before the reference's child computes the rest (the blended set's): at 4096 x
+            # 262144 the parent held 40 GB of them while that child needed at least 36, and an 80 GB H100 ran out
+            # of memory; let go but left in the parent's allocator cache, it ran out again (the parent at 48.7 GB)
             judged = judge.judge_calls(task, run.calls, fixed.expected)
             run = run.model_copy(update={"calls": [c.model_copy(update={"outputs": []}) if i in judged else c
                                                    for i, c in enumerate(run.calls)]})
             reference = Answer(status="ok", expected={}, traffic=fixed.traffic)
     del fixed
+    if judged is not None:
+        transport.give_back_device_memory(keeping=answers.held, collect=False)
     if more:
         t2 = time.perf_counter()
         reference, asked_s = _reference(task, more, reference, answers)

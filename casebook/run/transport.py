@@ -551,7 +551,7 @@ _standing = 0
 (the L2 flush buffer, the ceilings' buffers), which no collection frees, so no longer a reason for one."""
 
 
-def give_back_device_memory(keeping: int = 0) -> None:
+def give_back_device_memory(keeping: int = 0, collect: bool = True) -> None:
     """What this process's caching allocator keeps of the device memory its last task used, back to the device:
     the variant's child, the reference's child and the parent share one GPU and take turns on it. Tensors caught
     in a reference cycle live until the cycle collector runs, which a process that allocates little host memory
@@ -560,12 +560,13 @@ def give_back_device_memory(keeping: int = 0) -> None:
     memory. Where more is still allocated than the `keeping` bytes the process means to hold (the parent's kept
     answers) and what it held after its last collection, the cycles go first (a full collection: 0.1 s, which the
     parent paid at every point while its standing memory was counted as garbage). Never imports torch: a process
-    that has not used a GPU has nothing to give back."""
+    that has not used a GPU has nothing to give back. `collect=False`: the cache alone, mid-task, where what was let
+    go died with its last reference and what is still allocated is the task's own, not a standing hold."""
     global _standing
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return
-    if torch.cuda.memory_allocated() > keeping + _standing + GARBAGE_BYTES:
+    if collect and torch.cuda.memory_allocated() > keeping + _standing + GARBAGE_BYTES:
         gc.collect()
         _standing = max(0, torch.cuda.memory_allocated() - keeping)
     torch.cuda.empty_cache()

@@ -63,12 +63,16 @@ def test_the_first_failing_call_is_still_the_one_reported(first):
 
 def test_a_run_lets_go_of_the_first_go_before_asking_for_the_rest(monkeypatch):
     """`orchestrate._point`: the outputs of the calls whose answers were asked for before the call, and those
-    answers, are gone (judged) when the reference's child is asked for a kept call's further set (a blended one):
-    on a GPU, the largest points' parent memory."""
+    answers, are gone (judged, and freed with their last reference, no collection needed) and handed back to the
+    device (the allocator's cache emptied) when the reference's child is asked for a kept call's further set (a
+    blended one): on a GPU, the largest points' parent memory."""
     from casebook.run import orchestrate
 
     a = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
-    held, seen = [], {}
+    held, seen, events = [], {}, []
+    monkeypatch.setattr(orchestrate.transport, "give_back_device_memory",
+                        lambda keeping=0, collect=True: events.append(("give back", collect,
+                                                                       [r() is not None for r in held])))
 
     def kept(x: torch.Tensor) -> torch.Tensor:
         held.append(weakref.ref(x))
@@ -82,8 +86,8 @@ def test_a_run_lets_go_of_the_first_go_before_asking_for_the_rest(monkeypatch):
             if self.asked == 1:  # the seeds asked for before the call
                 return Answer(status="ok", expected={str(s): Expected(tuple=False, outputs=[kept(a.double())])
                                                      for s in seeds})
-            gc.collect()
             seen["alive"] = [r() is not None for r in held]
+            events.append(("ask",))
             return Answer(status="ok", expected={str(s): _answer(a) for s in seeds})
 
     class Variant:
@@ -97,5 +101,10 @@ def test_a_run_lets_go_of_the_first_go_before_asking_for_the_rest(monkeypatch):
 
     monkeypatch.setattr(orchestrate, "names_reference", lambda task, name: True)
     monkeypatch.setattr(orchestrate, "_read", lambda model, answer, variant: answer)
-    orchestrate._point(TASK, Variant(), Answers(), 60.0, None, 0.0)
+    gc.disable()  # what dies must die with its last reference, not wait for a collection
+    try:
+        orchestrate._point(TASK, Variant(), Answers(), 60.0, None, 0.0)
+    finally:
+        gc.enable()
     assert seen["alive"] == [False] * 4
+    assert events[:2] == [("give back", False, [False] * 4), ("ask",)]  # the cache too, before the second ask
