@@ -115,9 +115,12 @@ case "${1:-}" in
     files=(${FILES:-tests/kernels/*_gpu.py})
     spread=(); python3 -c 'import xdist' 2>/dev/null && spread=(-n "${WORKERS:-8}" --dist loadgroup)
     start=$SECONDS
-    timeout $((end - SECONDS)) python3 -m pytest -v --tb=short -p no:cacheprovider -rfE --durations=25 \
-      "${spread[@]}" "${files[@]}" > "$out/logs/gpu_tests.txt" 2>&1
+    CASEBOOK_TEST_MEMORY="$out/logs/memory" timeout $((end - SECONDS)) python3 -m pytest -v --tb=short \
+      -p no:cacheprovider -rfE --durations=25 "${spread[@]}" "${files[@]}" > "$out/logs/gpu_tests.txt" 2>&1
     echo "gpu-tests (${spread[*]:-one process}): exit $? in $((SECONDS - start)) s: $(tail -1 "$out/logs/gpu_tests.txt")"
+    # where the card's memory went (tests/conftest.py): the largest peaks, and what a process held after a test
+    cat "$out"/logs/memory.* 2>/dev/null | sort -t$'\t' -k2 -nr | head -12 | awk -F'\t' '{printf "peak %.1f GB, held after %.1f GB: %s\n", $2/1e9, $3/1e9, $1}'
+    cat "$out"/logs/memory.* 2>/dev/null | awk -F'\t' '$3 > 1e9' | head -8 | awk -F'\t' '{printf "held after %.1f GB (reserved %.1f): %s\n", $3/1e9, $4/1e9, $1}'
     grep -h -E '^(FAILED|ERROR) ' "$out/logs/gpu_tests.txt" | cut -c1-300 | head -40
     grep -q '^FAILED ' "$out/logs/gpu_tests.txt" || grep -E '(FAILED|ERROR) +tests/' "$out/logs/gpu_tests.txt" | head -20 ;;
   book)  # issue 44: the book's own refresh, one command run again in each call until nothing is left. It stores

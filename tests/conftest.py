@@ -4,6 +4,7 @@ and the CLI run in-process."""
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -70,13 +71,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _release_cached_gpu_memory():
+def _release_cached_gpu_memory(request):
     """After each test on a GPU, the memory it used handed back, so that the processes sharing the card (`pytest
     -n`) do not each hold the largest test's blocks for the rest of the session: the traceback pytest keeps of the
     last failure (`sys.last_traceback`, for post-mortem debugging) let go, with the tensors its frames hold, then
     the cycles collected and the allocator's cache emptied. On an 80 GB H100, 63 of 970 tests failed, every one
     out of memory, while two processes held 22-24 GB each from one failure to the next: a failed test's frames
-    keep its inputs and its float64 reference alive until the process's next failure."""
+    keep its inputs and its float64 reference alive until the process's next failure.
+
+    `CASEBOOK_TEST_MEMORY=PREFIX`: each GPU test's peak, and what its process still holds once it is let go, in
+    bytes, a line each in PREFIX.<pid> (test, peak allocated, allocated after, reserved after): where the card's
+    memory goes when the tests share it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
     yield
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -86,6 +94,10 @@ def _release_cached_gpu_memory():
         if torch.cuda.memory_allocated():
             gc.collect()
         torch.cuda.empty_cache()
+        if log := os.environ.get("CASEBOOK_TEST_MEMORY"):
+            with open(f"{log}.{os.getpid()}", "a") as f:
+                f.write(f"{request.node.nodeid}\t{torch.cuda.max_memory_allocated()}\t"
+                        f"{torch.cuda.memory_allocated()}\t{torch.cuda.memory_reserved()}\n")
 
 
 @pytest.fixture
