@@ -165,7 +165,7 @@ case "${1:-}" in
       echo "softmax run ($run): exit $? in $((SECONDS - start)) s"; grep -A1 -E "tasks in|crossing" "$out/logs/softmax_$run.err"
       cost_of_kept "$run"
       spy=()
-      [ $SECONDS -lt $((end - 150)) ] || break
+      [ $SECONDS -lt $((end - ${PACE_NEXT_S:-150})) ] || break  # PACE_NEXT_S: the least time worth a next run
     done
     if [ $SECONDS -lt $((end - 160)) ]; then
       timeout -s TERM 60 python3 -m casebook.cli run cases/softmax_fusion.yaml > "$out/logs/cut.txt" 2> "$out/logs/cut.err"
