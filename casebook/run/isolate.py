@@ -275,6 +275,15 @@ class Worker:
             child.close()
         self.conn, self.greeted = parent, False
 
+    def greet(self) -> dict | None:
+        """Wait now for the child's greeting (started here where it was not): its start, an interpreter importing
+        torch, Triton and the case's kernel module and on a GPU making the device's context, paid before a request
+        rather than inside the first one. None, or why it did not come (the child is ended; the next request starts
+        another)."""
+        if self.proc is None:
+            self._launch()
+        return None if self.greeted else self._greet()
+
     def _greet(self) -> dict | None:
         """Wait for the started child's greeting: None, or why it did not come (the child is ended)."""
         answer = self._receive(self.startup_s)

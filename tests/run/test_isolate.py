@@ -364,6 +364,17 @@ def test_a_child_that_may_not_spill_sends_everything_down_the_pipe(tmp_path, mon
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_child_greeted_before_its_first_request_pays_its_start_there():
+    """`Worker.greet`: the child's start is waited for at once (a run waits for the reference's child before its
+    first point, so that the point's time is the point's), and the first request then waits for no start."""
+    with Worker(worker, warm=("softmax_fusion", "cpu")) as w:
+        assert not w.greeted and w.greet() is None and w.greeted
+        assert "casebook.kernels.softmax_fusion" in w.request("loaded", 60)["loaded"]
+        assert w.greet() is None, "greeted once"
+    with Worker(worker, startup_s=0.001) as w:  # no greeting in time: why, and the child ended
+        assert w.greet()["status"] in ("timeout", "crashed") and w.proc is None
+
+
 def test_a_child_told_the_case_imports_its_kernel_module_before_it_greets():
     with Worker(worker, warm=("softmax_fusion", "cpu")) as w:
         assert "casebook.kernels.softmax_fusion" in w.request("loaded", 60)["loaded"]

@@ -331,6 +331,8 @@ def test_progress_reports_every_task(cheats_run):
     assert all(0 <= v["timed_s"] <= v["wall_s"] for v in variants)
     notes = [info["message"] for e, info in events if e == "note"]
     assert any(n.startswith("crossing: host") for n in notes), "the run says how its outputs crossed"
+    ready = [n for n in notes if n.startswith("the reference's child ready in")]
+    assert len(ready) == 1, "the reference's child's start is waited for once, before the first point"
 
 
 # --- the real case, as CI runs it ----------------------------------------------------------------------
@@ -392,6 +394,9 @@ class InProcessOracle:
 
     def start(self):
         pass
+
+    def greet(self):
+        return None
 
     def request(self, task, timeout_s, room=0, grow=False):
         from casebook.run.oracle import work
@@ -616,6 +621,9 @@ def test_a_gpu_run_starts_the_reference_and_the_first_variant_before_the_ceiling
                 events.append(("start", "reference" if self.worker is oracle_work else "variant", self.warm))
             self.started = True
 
+        def greet(self):
+            events.append(("greet", "reference" if self.worker is oracle_work else "variant"))
+
         def release(self):
             pass
 
@@ -628,6 +636,7 @@ def test_a_gpu_run_starts_the_reference_and_the_first_variant_before_the_ceiling
     orchestrate.run_case(SOFTMAX, quick=True, ceilings=CEILINGS)
     warm = ("softmax_fusion", "cuda")
     assert events[:3] == [("start", "reference", warm), ("start", "variant", warm), ("ceilings",)]
+    assert events.count(("greet", "reference")) == 1  # its start waited for once, before the first point
     variants = [e for e in events if e[:2] == ("start", "variant")]
     groups = plan.plan(load_case(SOFTMAX), True, QUICK, Ceilings.model_validate(CEILINGS), None, None)
     assert len(variants) == sum(1 for g in groups.values() if g.tasks)  # the first child served the first variant

@@ -242,6 +242,9 @@ class InProcessWorker:
     def start(self):
         pass
 
+    def greet(self):
+        return None
+
     def request(self, task, timeout_s, room=0, grow=False):
         if self.worker is oracle_work:
             return oracle_work(task)
