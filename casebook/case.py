@@ -141,8 +141,8 @@ class Kernel(Strict):
     """The runnable code: a module inside `casebook.kernels`, named, never a file path."""
 
     module: Ident = Field(description="Module name under `casebook/kernels/`, usually the case id.")
-    reference: Ident = Field(default="reference", description="Float64 reference function: same inputs (upcast), "
-                             "returns the exact answer.")
+    reference: Ident = Field(default="reference", description="Float64 reference function: the inputs it names (upcast "
+                             "to float64), returns the exact answer.")
     inputs: Ident = Field(default="make_inputs",
                           description="Input maker: `(shape, dtype, device, generator) -> dict of tensors`.")
     traffic: Ident = Field(default="traffic",

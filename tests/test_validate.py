@@ -126,8 +126,8 @@ def test_variants_take_the_reference_arguments(make_case, tmp_path, line_of):
                      .replace("def torch_softmax(x: torch.Tensor)", "def torch_softmax(x, dim: int = -1)"))
     path = make_case()
     assert problems(path) == [f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not "
-                              "take the arguments of reference(x): the input maker's tensors are passed to both by "
-                              "name"]
+                              "take the arguments of reference(x): the input maker's tensors are passed by name, to "
+                              "each variant and to the reference"]
 
 
 def test_a_file_that_does_not_load_still_has_its_signatures_checked(make_case, tmp_path, line_of):
@@ -139,7 +139,8 @@ def test_a_file_that_does_not_load_still_has_its_signatures_checked(make_case, t
     found = problems(path)
     assert any("shape keys" in p for p in found), found
     assert f"{path}:{line_of(path, 'fn: eager')}: kernel.variants.0.fn: eager(logits) does not take the arguments " \
-           "of reference(x): the input maker's tensors are passed to both by name" in found, found
+           "of reference(x): the input maker's tensors are passed by name, to each variant and to the " \
+           "reference" in found, found
 
 
 def test_signatures_not_judged_when_not_plain(tmp_path):

@@ -107,9 +107,10 @@ def gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
 
 
 def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-              seq_lens: torch.Tensor, k=None, v=None, **_) -> torch.Tensor:
+              seq_lens: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v in float64 over each sequence's first seq_lens tokens, read through the block
-    table (never from the contiguous copy the `contiguous` rung reads)."""
+    table. It does not name the contiguous copy the `contiguous` rung reads, so it is never given one, nor is
+    one upcast for it (`check.reference_inputs`)."""
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     for i, n in enumerate(seq_lens.tolist()):  # one sequence at a time: float64 copies of one context, not all
         row = block_table[i:i + 1]

@@ -54,8 +54,10 @@ PAGE = 16
 # --- reference, inputs, traffic ----------------------------------------------------------------------
 
 
-def reference(q, k_cache, v_cache, block_table, seq_lens, shared=0, k=None, v=None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v in float64 over each request's whole context, read through its block table."""
+def reference(q, k_cache, v_cache, block_table, seq_lens) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v in float64 over each request's whole context, read through its block table:
+    never from the per-request rungs' contiguous copies, which it does not name and so is not given in float64
+    (17 GB each at the claim shape, `check.reference_inputs`)."""
     return ap.reference(q, k_cache, v_cache, block_table, seq_lens)
 
 

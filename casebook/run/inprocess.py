@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from casebook.run.check import TORCH_DTYPES, CheckFailed, upcast
+from casebook.run.check import TORCH_DTYPES, CheckFailed, reference_inputs
 from casebook.run.child import clone_inputs, record
 from casebook.run.judge import judge_call
 from casebook.run.messages import Call, Expected
@@ -35,7 +35,7 @@ def check(fn: Callable[..., torch.Tensor], reference: Callable[..., torch.Tensor
     worst = 0.0
     for seed in seeds:
         inputs = make_inputs(shape, TORCH_DTYPES[dtype], device, torch.Generator().manual_seed(seed))
-        expected = reference(**upcast(inputs))
+        expected = reference(**reference_inputs(reference, inputs))
         outputs = tuple(expected) if isinstance(expected, tuple) else (expected,)
         answer = Expected(tuple=isinstance(expected, tuple), outputs=[e.detach() for e in outputs])
         before = clone_inputs(inputs)

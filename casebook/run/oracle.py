@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from casebook.run.check import TORCH_DTYPES, upcast
+from casebook.run.check import TORCH_DTYPES, reference_inputs
 from casebook.run.inputs import make
 
 
@@ -56,7 +56,7 @@ def work(task: OracleTask) -> dict:
         reference, make_inputs = getattr(mod, task.reference), getattr(mod, task.inputs)
         for seed in task.seeds:
             inputs = make(make_inputs, task.shape, dtype, task.device, seed)  # under zero: a blended set
-            expected = reference(**upcast(inputs))
+            expected = reference(**reference_inputs(reference, inputs))
             items = list(expected) if isinstance(expected, tuple) else [expected]
             out["expected"][str(seed)] = {"tuple": isinstance(expected, tuple),
                                           "outputs": [shipped(e.detach(), task.dtype, task.device) for e in items]}

@@ -18,6 +18,7 @@ from attention_rungs import check_rung, cpu_rungs, load, matrix, rel
 
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_prefix as mod
+from casebook.run.check import reference_inputs
 from casebook.tolerance import TOLERANCE
 
 CASE = load("attention_prefix")
@@ -32,6 +33,11 @@ SHAPES = [
 DTYPES = CASE["levels"]["kernel"]["dtypes"] + ["fp16"]
 CASES, IDS = matrix(ON_CPU, SHAPES, DTYPES)
 BF16 = TOLERANCE["bf16"]
+
+
+def _reference(x: dict) -> torch.Tensor:
+    """The float64 answer, called as the run calls it: with the inputs the reference names, upcast."""
+    return mod.reference(**reference_inputs(mod.reference, x))
 
 
 def as_shape(s: tuple) -> dict:
@@ -60,7 +66,7 @@ def test_the_shared_pages_are_stored_once_and_named_first_by_every_table():
     assert (table[:, :2] == table[0, :2]).all()
     assert x["k_cache"].shape[0] == 2 + 4 * 2  # the shared pages once, each request's two
     assert len(set(table.flatten().tolist())) == x["k_cache"].shape[0]
-    torch.testing.assert_close(mod.reference(**x), ac.reference(x["q"], x["k"], x["v"]), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_reference(x), ac.reference(x["q"], x["k"], x["v"]), rtol=1e-12, atol=1e-12)
 
 
 def softmax_partial(s: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -98,7 +104,7 @@ def test_lse_merge_matches_float64(case):
 def test_a_prefix_shorter_than_a_page_shares_nothing_and_the_fused_merge_agrees():
     x = inputs((3, 8, 2, 10, 7, 64), seed=3)
     assert x["shared"] == 0
-    ref = mod.reference(**x)
+    ref = _reference(x)
     a, b = mod.triton_cascade(**x), mod.triton_cascade_fused(**x)
     assert rel(a, ref) < BF16 and rel(b, ref) < BF16
     torch.testing.assert_close(a, b, rtol=0, atol=2e-2)
@@ -150,8 +156,7 @@ def test_a_blended_set_keeps_the_per_request_copies_equal_to_the_pool():
     shape = {"batch": 3, "heads": 8, "kv_heads": 2, "prefix": 40, "suffix": 9, "head_dim": 64}
     x = mod.make_inputs(shape, torch.bfloat16, "cpu", torch.Generator().manual_seed(1))
     inputs.blend(x, 7, inputs.derived_of(mod.make_inputs))
-    expected = mod.reference(**{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
-                                for k, v in x.items()})
+    expected = _reference(x)
     assert rel(mod.sdpa(**x), expected) < TOLERANCE["bf16"]
     assert mod.make_inputs.derived(mod.make_inputs(shape, torch.bfloat16, "cpu", torch.Generator().manual_seed(1),
                                                    contiguous=False)) == {}

@@ -233,3 +233,21 @@ def test_one_bad_row_in_a_late_slice_fails_the_row_bound(monkeypatch):
     out[4997] = 0.0  # 1.4% of the whole output's norm: under bf16's normwise 2%
     with pytest.raises(CheckFailed, match="worst row off by 1 "):
         check_mod.compare_output(out, expected, "bf16")
+
+
+def test_the_reference_is_given_only_the_inputs_it_names_upcast():
+    """`check.reference_inputs`: an input the reference does not name (a copy only the variants read) is neither
+    passed nor copied to float64; a reference taking **kwargs gets every input; what it gets is float64."""
+    from casebook.run.check import reference_inputs
+
+    x = {"q": torch.ones(2, dtype=torch.bfloat16), "k": torch.ones(3, dtype=torch.bfloat16), "n": 4}
+
+    def names(q, n):
+        return q
+
+    def takes_all(q, **rest):
+        return q
+
+    assert set(reference_inputs(names, x)) == {"q", "n"} and reference_inputs(names, x)["q"].dtype == torch.float64
+    every = reference_inputs(takes_all, x)
+    assert set(every) == {"q", "k", "n"} and every["k"].dtype == torch.float64
