@@ -47,6 +47,20 @@ def test_reference_chunks_agree_with_one_pass(monkeypatch):
     torch.testing.assert_close(ac.reference(**x, causal=True), whole, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_over_grouped_heads_is_the_repeated_heads_formula(causal, monkeypatch):
+    """Four query heads on two KV heads, each KV head's query heads one block of rows, in chunks of five rows that
+    straddle one query head's rows and the next's: the formula with K and V repeated to every head, exactly."""
+    x = qkv(2, 4, 2, 37, 40, 16, torch.float64)
+    q, k, v = x["q"], x["k"].repeat_interleave(2, 1), x["v"].repeat_interleave(2, 1)
+    s = q @ k.transpose(-1, -2) / 4.0
+    if causal:
+        s = s.masked_fill(~ac.visible(37, 40, "cpu"), float("-inf"))
+    expect = s.softmax(-1) @ v
+    monkeypatch.setattr(ac, "REFERENCE_ELEMENTS", 2 * 2 * 40 * 5)
+    torch.testing.assert_close(ac.reference(**x, causal=causal), expect, rtol=1e-12, atol=1e-12)
+
+
 def test_visible_pairs_halve_the_square_under_the_mask():
     assert ac.visible_pairs(4096, 4096, False) == 4096 * 4096
     assert ac.visible_pairs(4096, 4096, True) == 4096 * 4097 // 2
