@@ -252,6 +252,14 @@ def _nvml():
         return None
 
 
+def gpu_reader() -> str:
+    """How the GPU's state is read at every timed point, as a run's progress says it: NVML, or nvidia-smi where
+    nvidia-ml-py is not installed (two calls a point, a tenth of a second of each point's wall time)."""
+    if _nvml() is not None:
+        return "NVML"
+    return "nvidia-smi, twice a point (about 0.1 s each point; `pip install nvidia-ml-py` reads NVML in microseconds)"
+
+
 def _nvml_state(index: int) -> dict | None:
     pynvml = _nvml()
     if pynvml is None:

@@ -115,6 +115,8 @@ def run_case(path: Path, *, only: list[str] | None = None, quick: bool = False, 
 
         run.crossing = crossing
         progress("note", {"message": f"crossing: {run.crossing}"})
+        if on_gpu:
+            progress("note", {"message": f"GPU readings: {interference.gpu_reader()}"})
         oracle.start()  # on a CPU: its start (seconds of imports) goes on beside the first variant's child's
         run.answers = Answers(oracle, timeout_s, default_budget(device))
         _measure(run, groups, protocol, timeout_s, progress, checkpoint, first)

@@ -200,3 +200,11 @@ def test_other_cpu_is_the_busy_time_less_this_process_and_the_run(monkeypatch):
 def test_a_single_process_window_reads_as_before(monkeypatch):
     r = _readings(monkeypatch, ())
     assert r["other_cpu_s"] == pytest.approx(0.75) and "run_cpu_s" not in r
+
+
+def test_a_run_says_how_it_reads_the_gpu(monkeypatch):
+    """NVML where nvidia-ml-py is installed; else nvidia-smi, with what it costs and the package that avoids it."""
+    monkeypatch.setattr(interference, "_nvml", lambda: object())
+    assert interference.gpu_reader() == "NVML"
+    monkeypatch.setattr(interference, "_nvml", lambda: None)
+    assert "nvidia-smi" in interference.gpu_reader() and "nvidia-ml-py" in interference.gpu_reader()
