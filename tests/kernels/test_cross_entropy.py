@@ -166,6 +166,25 @@ def test_rows_of_minus_inf_but_one(fn, dtype):
                                                                   rel=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_written_out_gradient_is_autograds(eps):
+    """`reference` (softmax less the smoothed one-hot, over the counted tokens) against autograd through torch's
+    F.cross_entropy: ignored tokens, a target at its row's maximum, a row of -inf but its target, one not."""
+    inputs = upcast(_inputs(37, 1031, "fp32", eps=eps, seed=8))
+    x, t = inputs["logits"], inputs["target"]
+    t[[3, 9]] = mod.IGNORE_INDEX
+    t[4] = int(x[4].argmax())
+    x[5] = float("-inf")
+    x[5, 7], t[5] = 1.5, 7
+    x[6] = float("-inf")
+    x[6, 2], x[6, 8], t[6] = 0.5, 1.0, 8
+    want = mod.autograd_reference(**inputs)
+    torch.testing.assert_close(mod.reference(**inputs), want, rtol=1e-12, atol=1e-15)
+    assert torch.count_nonzero(mod.reference(**inputs)[[3, 9]]) == 0
+    t[:] = mod.IGNORE_INDEX  # none counts: autograd's gradient is zero, not 0 / 0
+    torch.testing.assert_close(mod.reference(**inputs), mod.autograd_reference(**inputs), rtol=0, atol=0)
+
+
 def test_gradient_of_each_row_sums_to_zero():
     # softmax sums to 1 and the smoothed one-hot to 1: each counted row of the gradient sums to 0.
     inputs = _inputs(5, 4099, "fp32", eps=0.1, seed=7)
