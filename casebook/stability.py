@@ -74,7 +74,7 @@ def reasons(point: Point, device: str) -> list[str]:
     host = timed_on(point, device) != device
     limit = spread_limit("cpu" if host else device)
     if p10 and p90 and p90 / p10 > limit:
-        whose = " (the host bound: every repetition waited on the host)" if host else ""
+        whose = " (the host's bound: most repetitions waited on the host)" if host else ""
         out.append(f"spread p90/p10 {p90 / p10:.2f} over {limit:g}{whose} ({p10:.1f}-{p90:.1f} us)")
     for who, reading in readings(point):
         out += reading_reasons(reading, who)

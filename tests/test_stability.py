@@ -66,7 +66,7 @@ def test_a_gpu_point_that_timed_its_host_is_judged_by_the_hosts_spread():
     assert "over 1.5 (268.1" in stability.reasons(point, "cuda")[0]
     assert stability.reasons(quiet(p10_us=268.1, p90_us=425.1, interference=host_timed), "cuda") == []
     [why] = stability.reasons(quiet(p10_us=100.0, p90_us=400.0, interference=host_timed), "cuda")
-    assert "over 3 (the host bound" in why
+    assert "over 3 (the host's bound" in why
     busy = host_timed.model_copy(update={"run_queue_wait_s": 0.2})
     assert "waited for a CPU" in stability.reasons(quiet(interference=busy), "cuda")[0]
 

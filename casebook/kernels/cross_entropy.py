@@ -62,13 +62,15 @@ IGNORED_SHARE = 1 / 16
 def reference(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     """The exact gradient of the mean cross-entropy over the counted tokens, in float64: on a counted token's row
     softmax(x) less the smoothed one-hot ((1 - eps) at the target, eps / vocab everywhere), over the number of
-    counted tokens; zero on an ignored one's, and everywhere where none counts. Written out, not taken by autograd (`autograd_reference`, which the
-    tests hold it to), whose saved log-probabilities and gradients were three more float64 copies of the logits:
-    the reference's child needed 36 GB at 4096 x 262144, where this needs the logits and the answer."""
+    counted tokens; zero on an ignored one's, and everywhere where none counts. Written out, not taken by
+    autograd (`autograd_reference`, which the tests hold it to), whose saved log-probabilities and gradients were
+    three more float64 copies of the logits: the reference's child needed 36 GB at 4096 x 262144, where this
+    needs the logits and the answer."""
     x = logits.to(torch.float64)
     counted = target != IGNORE_INDEX
     grad = torch.softmax(x, -1)
-    grad -= label_smoothing / x.shape[-1]
+    if label_smoothing:
+        grad -= label_smoothing / x.shape[-1]
     rows = counted.nonzero().squeeze(1)
     grad[rows, target[rows]] -= 1.0 - label_smoothing
     grad[~counted] = 0.0
