@@ -251,3 +251,4 @@ def test_the_reference_is_given_only_the_inputs_it_names_upcast():
     assert set(reference_inputs(names, x)) == {"q", "n"} and reference_inputs(names, x)["q"].dtype == torch.float64
     every = reference_inputs(takes_all, x)
     assert set(every) == {"q", "k", "n"} and every["k"].dtype == torch.float64
+    assert set(reference_inputs(max, x)) == {"q", "k", "n"}  # no signature to read: every input
