@@ -15,6 +15,7 @@ ceilings; nothing here touches a device.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from casebook.result import Ceilings
@@ -218,9 +219,7 @@ def own_rates(matmul_tflops: dict[str, float]) -> dict[str, float]:
     """The matmul rates measured in their own dtype: one equal to another dtype's to the last bit was copied from
     it (ceilings before their cache's version 6 gave fp64 the fp32 rate, fp8_e5m2 the e4m3 one, and on a CPU every
     dtype the fp32 one), and says nothing about its machine."""
-    seen: dict[float, int] = {}
-    for rate in matmul_tflops.values():
-        seen[rate] = seen.get(rate, 0) + 1
+    seen = Counter(matmul_tflops.values())
     return {d: rate for d, rate in matmul_tflops.items() if seen[rate] == 1}
 
 

@@ -71,10 +71,10 @@ def reasons(point: Point, device: str) -> list[str]:
     """Why a timed point is unstable (empty: stable, or nothing to judge)."""
     out = []
     p10, p90 = point.p10_us, point.p90_us
-    host = timed_on(point, device) != device
-    limit = spread_limit("cpu" if host else device)
+    pace = timed_on(point, device)
+    limit = spread_limit(pace)
     if p10 and p90 and p90 / p10 > limit:
-        whose = " (the host's bound: most repetitions waited on the host)" if host else ""
+        whose = " (the host's bound: most repetitions waited on the host)" if pace != device else ""
         out.append(f"spread p90/p10 {p90 / p10:.2f} over {limit:g}{whose} ({p10:.1f}-{p90:.1f} us)")
     for who, reading in readings(point):
         out += reading_reasons(reading, who)

@@ -70,6 +70,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("large_memory"))
 
 
+def _cuda():
+    """torch, where a test has put it to work on a GPU (a test that never imported torch leaves it unimported)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
 @pytest.fixture(autouse=True)
 def _release_cached_gpu_memory(request):
     """After each test on a GPU, the memory it used handed back, so that the processes sharing the card (`pytest
@@ -82,12 +88,10 @@ def _release_cached_gpu_memory(request):
     `CASEBOOK_TEST_MEMORY=PREFIX`: each GPU test's peak, and what its process still holds once it is let go, in
     bytes, a line each in PREFIX.<pid> (test, peak allocated, allocated after, reserved after): where the card's
     memory goes when the tests share it."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch := _cuda():
         torch.cuda.reset_peak_memory_stats()
     yield
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch := _cuda():
         for name in ("last_type", "last_value", "last_traceback", "last_exc"):
             if hasattr(sys, name):
                 setattr(sys, name, None)

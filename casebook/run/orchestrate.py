@@ -405,7 +405,7 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
             reference = Answer(status="ok", expected={}, traffic=fixed.traffic)
     del fixed
     if judged is not None:
-        transport.give_back_device_memory(keeping=answers.held, collect=False)
+        transport.give_back_device_memory(collect=False)
     if more:
         t2 = time.perf_counter()
         reference, asked_s = _reference(task, more, reference, answers)

@@ -26,8 +26,9 @@ DECODE_RUNGS = ["eager", "sdpa", "triton_gqa", "triton_split", "triton_split_fus
 
 
 def large_memory(shape=(), **_) -> bool:
-    """Prefill's float64 scores, or decode's K and V repeated to every query head in float64, past 100 M
-    elements (0.8 GB) a tensor: those tests run one at a time (tests/conftest.py)."""
+    """Prefill's scores, or decode's query heads x keys x head dim, past 100 M elements: the float64 reference's
+    working set and the rungs' own copies then take gigabytes, and those tests run one at a time
+    (tests/conftest.py)."""
     if len(shape) == 7:  # prefill: batch, heads, kv_heads, seq_q, seq_kv, head_dim, mask
         b, h, _, sq, skv, _, _ = shape
         return b * h * sq * skv >= 1e8

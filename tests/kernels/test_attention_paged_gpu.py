@@ -22,8 +22,9 @@ PREFIX_RUNGS = ["sdpa", "per_request", "gather_sdpa", "paged_shared", "triton_ca
 
 
 def large_memory(shape=(), **_) -> bool:
-    """K and V expanded to every query head (and, for a shared prefix, to every request) in float64 past 100 M
-    elements (0.8 GB): those tests run one at a time (tests/conftest.py)."""
+    """Query heads x each request's context x head dim past 100 M elements: the float64 reference's working set
+    and the rungs' own copies (a shared prefix's contiguous copy per request) then take gigabytes, and those tests
+    run one at a time (tests/conftest.py)."""
     if len(shape) == 7:  # paged: batch, heads, kv_heads, seq_kv, head_dim, page_size, order
         b, h, _, skv, d, _, _ = shape
         return b * h * skv * d >= 1e8
