@@ -134,11 +134,16 @@ case "${1:-}" in
     end=${DEADLINE:-540}
     carry_in cache pace
     python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: its rungs will be skipped"
+    # RESULTS: where the book stores (default this copy's results/): a folder outside the copy, e.g. under /tmp,
+    # outlives the copy's refresh between calls on one warm machine, so the next call leaves alone what this one
+    # stored; the copy's committed results are put there first, to be compared with and left alone where current
+    stored=${RESULTS:-results}
+    if [ "$stored" != results ] && [ -d "results/$slug" ]; then mkdir -p "$stored/$slug" && cp -n "results/$slug/"* "$stored/$slug/"; fi
     timeout -s TERM $((end - 45 - SECONDS)) python3 -m casebook.cli run ${CASES:---all} --save --resume --counters \
-      > "$out/logs/book.txt" 2> "$out/logs/book.err"
+      --results "$stored" > "$out/logs/book.txt" 2> "$out/logs/book.err"
     echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced|kept in" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
     timeout 30 python3 -m casebook.cli check > "$out/logs/check.txt" 2>&1; tail -1 "$out/logs/check.txt"
-    [ -d "results/$slug" ] && cp -r "results/$slug/." "$out/results/"
+    [ -d "$stored/$slug" ] && cp -r "$stored/$slug/." "$out/results/"
     pack_cache ;;
   pace)  # issue 43: the harness at the GPU's pace, on a fresh machine: the device crossing probed; the README's
          # main job timed fresh (under py-spy, every process sampled, where it is installed: where the wall time
