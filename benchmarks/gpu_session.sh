@@ -138,7 +138,10 @@ case "${1:-}" in
     # outlives the copy's refresh between calls on one warm machine, so the next call leaves alone what this one
     # stored; the copy's committed results are put there first, to be compared with and left alone where current
     stored=${RESULTS:-results}
-    if [ "$stored" != results ] && [ -d "results/$slug" ]; then mkdir -p "$stored/$slug" && cp -n "results/$slug/"* "$stored/$slug/"; fi
+    if [ "$stored" != results ] && [ -d "results/$slug" ]; then
+      mkdir -p "$stored/$slug"
+      for f in "results/$slug/"*; do [ -e "$stored/$slug/${f##*/}" ] || cp "$f" "$stored/$slug/"; done
+    fi
     timeout -s TERM $((end - 45 - SECONDS)) python3 -m casebook.cli run ${CASES:---all} --save --resume --counters \
       --results "$stored" > "$out/logs/book.txt" 2> "$out/logs/book.err"
     echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced|kept in" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
@@ -196,6 +199,7 @@ case "${1:-}" in
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
     metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
     for script in ${EXPLORE:-cross_entropy/cluster.py norm_backward/wide_rows.py attention/decode_splits.py \
+                  decode_chain/gemv_tiles.py \
                   rmsnorm/onepass_warps.py transpose/tma_boxes.py}; do
       name=$(basename "$script" .py)
       [ $SECONDS -lt $((end - 30)) ] || { echo "$name: not run (the call's time is spent)"; continue; }
