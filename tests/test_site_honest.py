@@ -323,6 +323,26 @@ def test_a_home_card_shows_what_the_case_claims_and_never_a_rung_measured_elsewh
     assert "% of roof" not in card and "×" not in card
 
 
+def test_a_home_card_shows_another_gpus_headline_as_that_gpus(tmp_path, plot_cache):
+    """Where the GPU the claims name has no result and another GPU has one, the card shows that GPU's headline,
+    naming it as a machine the claims do not name; a CPU's result is never shown so."""
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    moved = results / "nvidia-h100-sxm" / "softmax_fusion.json"
+    moved.parent.mkdir()
+    doc = json.loads((results / "nvidia-h200" / "softmax_fusion.json").read_text())
+    doc["hardware"].update(slug="nvidia-h100-sxm", name="NVIDIA H100 80GB HBM3")
+    moved.write_text(json.dumps(doc))
+    (results / "nvidia-h200" / "softmax_fusion.json").unlink()
+    assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
+    html = (tmp_path / "site" / "index.html").read_text()
+    card = words(re.search(r'<li>\s*<p><strong><a href="cases/softmax_fusion/">.*?</li>', html, re.S).group(0))
+    assert "Not yet measured on nvidia-h200" in card, card
+    assert re.search(r"On nvidia-h100-sxm, which its claims do not name: \w+, \d+% of roof, \d+\.\d\d× over "
+                     r"torch_softmax\.", card), card
+    assert FIXTURE_CPU not in card.split("which its claims do not name")[1]
+
+
 # --- cosmetic ----------------------------------------------------------------------------------
 
 

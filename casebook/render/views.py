@@ -320,11 +320,16 @@ def outcome(entry: Entry, stored: StoredResult | None = None) -> dict:
 
 def card(entry: Entry, page: str) -> dict:
     """A home-page card: what the case claims (its claims' states, the hardware they name) and where it stands
-    there: the headline of its result on that hardware, never a rung measured elsewhere (a CPU's)."""
+    there: the headline of its result on that hardware, never a rung measured elsewhere (a CPU's). Where that
+    hardware has no current result, another GPU's headline (`near`), said to be a machine the claims do not
+    name."""
     named = sorted({slug for c in entry.case.claims for slug in c.hardware or []})
     home = next((r for r in entry.results if (r.slug in named if named else True) and not r.stale), None)
+    near = None if home is not None else next(
+        (r for r in entry.results if r.result.hardware.kind == "gpu" and not r.stale), None)
     states = [c["state"] for c in claim_states(entry)]
     return {**case_row(entry, page), **outcome(entry, home), "baseline": entry.case.kernel.baseline,
+            "near": outcome(entry, near) if near is not None else None,
             "named": ", ".join(named) or "any machine", "measured": home is not None,
             "unstable": bool(home and unstable_words(home.result)),
             "elsewhere": ", ".join(r.slug for r in entry.results if r is not home),
