@@ -66,12 +66,14 @@ run_case() {  # run_case CASE SECONDS [ARGS...]
   grep -iE 'failed|crashed|timeout|unstable' "$out/logs/$case.txt" | grep -v '^  FAILED' | head -8
 }
 
-carry_in() {  # carry_in NAME...: each .cbcache-in/NAME.tgz(.part-*) a call brought back, whole, into the cache
+carry_in() {  # carry_in NAME...: each .cbcache-in/NAME.tgz(.part-*) a call brought back, whole, into the cache,
+              # once a machine: a later call on the same warm machine keeps the runs it has carried on since
   local name
   for name in "$@"; do
     ls .cbcache-in/"$name".tgz* >/dev/null 2>&1 || continue
+    [ -e "$CASEBOOK_CACHE/.carried-$name" ] && continue
     mkdir -p "$CASEBOOK_CACHE" && cat .cbcache-in/"$name".tgz* | tar -xz -C "$CASEBOOK_CACHE" \
-      && echo "cache: $name carried in"
+      && touch "$CASEBOOK_CACHE/.carried-$name" && echo "cache: $name carried in"
   done
 }
 
