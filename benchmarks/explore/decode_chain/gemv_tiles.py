@@ -5,6 +5,8 @@ beside cuBLAS's GEMV of the same weight (`torch.nn.functional.linear`, what the 
 
 If some tile reaches cuBLAS's rate, the tile is the lever and the case takes it; if none moves past ~1.5 TB/s while
 cuBLAS reads 2.5 or more, the loop's own structure is (its x tiles from L2 each step, a 16-row MMA for one row).
+At batch 1 the structure's alternative is timed beside it: the same layer with no MMA (`_gemv_kernel`: the weight
+tile times x g summed into a [BN, BK] fp32 tile, one row sum at the end), at a few tiles and warp counts.
 Times: `triton.testing.do_bench` (L2 flushed, median); TB/s on the layer's bytes (the H x H weight, x read twice,
 the output written). Every config's output is compared with the case's eager layer (float32 sums, bf16 out).
 
@@ -19,12 +21,41 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 from casebook.kernels import decode_chain as m
 
+
+@triton.jit
+def _gemv_kernel(x_ptr, out_ptr, w_ptr, g_ptr, H, eps, BN: tl.constexpr, BK: tl.constexpr):
+    # Batch 1: out = x + silu(rmsnorm(x) g @ w^T), as `_layer_tile` computes it (1/rms on the GEMV's output, the
+    # squares summed in the K loop, x g rounded to the weights' dtype) but with products and one row sum where it
+    # runs a 16-row MMA tile of which one row is x.
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    col_ok = cols < H
+    ks = tl.arange(0, BK)
+    sumsq = tl.zeros([BK], dtype=tl.float32)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        k = k0 + ks
+        k_ok = k < H
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        sumsq += xk * xk
+        xg = xk * tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        wk = tl.load(w_ptr + cols[:, None] * H + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += wk.to(tl.float32) * xg.to(wk.dtype).to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1) / tl.sqrt(tl.sum(sumsq) / H + eps)
+    res = tl.load(x_ptr + cols, mask=col_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    tl.store(out_ptr + cols, (res + y * tl.sigmoid(y)).to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
 CASE = {"BN": 32, "BK": 256, "stages": 3, "warps": 4}
 AXES = {"BN": (16, 64, 128), "BK": (64, 128, 512), "stages": (2, 4, 5), "warps": (2, 8)}
+GEMV = [{"BN": bn, "BK": bk, "stages": st, "warps": w} for bn, bk, st, w in
+        ((16, 256, 3, 4), (32, 256, 3, 4), (32, 256, 4, 4), (64, 128, 3, 4), (64, 256, 3, 8), (32, 512, 3, 8),
+         (128, 128, 3, 8))]
+"""The no-MMA layer's tiles (batch 1): a [BN, BK] fp32 accumulator of 4-64 values a thread."""
 
 
 def configs() -> list[dict]:
@@ -53,13 +84,18 @@ def sweep(batch: int, hidden: int, device: str) -> None:
 
     if device == "cuda":
         report("cuBLAS GEMV (F.linear), alone", lambda: F.linear(x, w[0]))
-    for c in configs():
-        name = f"fused BN {c['BN']} BK {c['BK']} st {c['stages']} w {c['warps']}"
+    runs = [("fused", c) for c in configs()] + ([("no-MMA", c) for c in GEMV] if batch == 1 else [])
+    for kind, c in runs:
+        name = f"{kind} BN {c['BN']} BK {c['BK']} st {c['stages']} w {c['warps']}"
 
-        def launch(c=c):
-            m._fused_layer_kernel[(triton.cdiv(hidden, c["BN"]),)](
-                x, out, w[0], gamma[0], batch, hidden, m.EPS, BB=bb, BN=c["BN"], BK=min(c["BK"], hidden),
-                UPCAST=device != "cuda", num_warps=c["warps"], num_stages=c["stages"])
+        def launch(c=c, kind=kind):
+            grid, bk = (triton.cdiv(hidden, c["BN"]),), min(c["BK"], triton.next_power_of_2(hidden))
+            if kind == "fused":
+                m._fused_layer_kernel[grid](x, out, w[0], gamma[0], batch, hidden, m.EPS, BB=bb, BN=c["BN"], BK=bk,
+                                            UPCAST=device != "cuda", num_warps=c["warps"], num_stages=c["stages"])
+            else:
+                _gemv_kernel[grid](x, out, w[0], gamma[0], hidden, m.EPS, BN=c["BN"], BK=bk, num_warps=c["warps"],
+                                   num_stages=c["stages"])
         try:
             launch()
             if device == "cuda":
