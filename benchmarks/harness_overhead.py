@@ -24,17 +24,18 @@ from casebook.result import shape_label
 
 
 def rows(result) -> list[tuple]:
-    """(level, variant, shape, dtype, wall, timed, first call, oracle, transport, judge, overhead) of each point
-    measured in this run; the overhead is the wall time less the timed calls and the first call."""
+    """(level, variant, shape, dtype, wall, timed, first call, oracle, transport, judge, child start, overhead) of
+    each point measured in this run; the overhead is the wall time less the timed calls, the first call and the
+    wait for the variant's child to finish starting (its first point's, where it had not)."""
     out = []
     for level, points in (("kernel", result.kernel_level), ("workload", result.workload_level.points)):
         for p in points:
             h = p.harness
             if h is None or h.wall_s is None or h.kept:
                 continue
-            timed, first = h.timed_s or 0.0, p.first_call_s or 0.0
+            timed, first, start = h.timed_s or 0.0, p.first_call_s or 0.0, h.start_s or 0.0
             out.append((level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, timed, first, h.oracle_s or 0.0,
-                        h.transport_s or 0.0, h.judge_s or 0.0, h.wall_s - timed - first))
+                        h.transport_s or 0.0, h.judge_s or 0.0, start, h.wall_s - timed - first - start))
     return out
 
 
@@ -58,28 +59,34 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.points:
             print(f"{'level':8s} {'variant':16s} {'shape':16s} {'dtype':5s} {'wall s':>7s} {'timed s':>8s} "
-                  f"{'first s':>8s} {'oracle s':>8s} {'cross s':>8s} {'judge s':>8s} {'overhead s':>10s}")
+                  f"{'first s':>8s} {'oracle s':>8s} {'cross s':>8s} {'judge s':>8s} {'start s':>8s} "
+                  f"{'overhead s':>10s}")
             for level, variant, shape, dtype, *seconds in found:
                 print(f"{level:8s} {variant:16s} {shape:16s} {dtype:5s} " + " ".join(
-                    f"{x:{w}.3f}" for x, w in zip(seconds, (7, 8, 8, 8, 8, 8, 10))))
-        overhead = [r[10] for r in found]
-        wall, timed, first = (sum(r[i] for r in found) for i in (4, 5, 6))
-        worst = max(found, key=lambda r: r[10])
+                    f"{x:{w}.3f}" for x, w in zip(seconds, (7, 8, 8, 8, 8, 8, 8, 10))))
+        overhead = [r[11] for r in found]
+        wall, timed, first, start = (sum(r[i] for r in found) for i in (4, 5, 6, 10))
+        worst = max(found, key=lambda r: r[11])
+        waited = max(found, key=lambda r: r[10])
+        recorded = any(p.harness is not None and p.harness.start_s is not None
+                       for p in [*result.kernel_level, *result.workload_level.points])
+        starts = (f"{start:.1f} s waiting for variants' children to start (longest {waited[10]:.1f} s, {waited[1]})"
+                  if recorded else "the children's starts not recorded (a result from before they were)")
         # each variant's first point also pays its process's first uses of the device: the rest apart
         seen, rest = set(), []
         for r in found:
             if r[1] in seen:
-                rest.append(r[10])
+                rest.append(r[11])
             seen.add(r[1])
         counters = f", then counters {result.counters_s:.1f} s" if result.counters_s is not None else ""
         variants = ", ".join(f"{v.name} {v.wall_s:.1f} s ({v.timed_s:.2f} timed)" for v in result.variants
                              if v.wall_s is not None)
         print(f"{result.case_id} on {result.hardware.slug} ({result.protocol.transport or 'crossing not recorded'}): "
-              f"{len(found)} points; harness overhead a point (less timed calls and first call) median "
+              f"{len(found)} points; harness overhead a point (less timed calls, first call and child start) median "
               f"{statistics.median(overhead):.3f} s, worst {max(overhead):.3f} s ({worst[1]} {worst[2]} {worst[3]}: "
               f"oracle {worst[7]:.3f}, crossing {worst[8]:.3f}, judge {worst[9]:.3f}), past each variant's first point "
               f"{max(rest, default=0.0):.3f} s; points {wall:.1f} s, "
-              f"{timed:.1f} s of it timed, {first:.1f} s first calls; run {result.started_at} -> "
+              f"{timed:.1f} s of it timed, {first:.1f} s first calls, {starts}; run {result.started_at} -> "
               f"{result.finished_at} ({_span(result)}){counters}; variants: {variants}")
     return 0
 

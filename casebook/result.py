@@ -105,6 +105,10 @@ class HarnessCost(Record):
                                                             "timing measured.")
     oracle_s: float | None = Field(default=None, description="Waiting for the reference's answers, seconds (0 where "
                                                              "every answer was kept from an earlier variant).")
+    start_s: float | None = Field(default=None, description="Waiting for the variant's child to finish starting "
+                                                            "(importing torch, Triton and the case, making the "
+                                                            "device's context), seconds: a variant's first point, "
+                                                            "where the child started ahead had not yet greeted.")
     transport_s: float | None = Field(default=None, description="Reading the child's answer once it began to "
                                                                 "arrive, seconds: the crossing of its outputs.")
     judge_s: float | None = Field(default=None, description="Comparing the outputs with the answers, summarising "

@@ -241,10 +241,13 @@ class Worker:
         self.greeted = False
         self.token = ""
         self.receive_s = 0.0
-        self.crossing_error: str | None = None
-        """Why a child could not map what it was lent (its tensors then crossed the host), the first time."""
         """Seconds the last request's answer took to read once it began to arrive (header, frames, files, copies
         out of the arena): what the crossing cost."""
+        self.start_wait_s = 0.0
+        """Seconds the last request waited for the child's greeting: its start, where a child started ahead
+        (`start`) had not finished it, or was started by the request itself."""
+        self.crossing_error: str | None = None
+        """Why a child could not map what it was lent (its tensors then crossed the host), the first time."""
 
     @property
     def pid(self) -> int | None:
@@ -340,10 +343,14 @@ class Worker:
         """Run `worker(task)` in the child; its payload, or a timeout / crash record. `room`: bytes of the arena
         the child may fill with its answer's tensors on the arena's device (0: none, they cross the host);
         `grow`: the child may ask for more (up to `MAX_ROOM`) before it sends."""
+        t0, self.start_wait_s = time.perf_counter(), 0.0
         if self.proc is None:
             self._launch()
-        if not self.greeted and (failure := self._greet()) is not None:
-            return failure
+        if not self.greeted:
+            failure = self._greet()
+            self.start_wait_s = time.perf_counter() - t0
+            if failure is not None:
+                return failure
         deadline = time.monotonic() + timeout_s
         try:
             message = (task, self._lend(room, grow))

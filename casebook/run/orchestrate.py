@@ -384,7 +384,7 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     room = kept_calls(task.timed) * call_bytes(fixed, task.dtype)
     taken = variant.arena.taken if variant.arena is not None else 0
     run = _read(PointRun, variant.request(task, timeout_s, room=room), variant)
-    transport_s = variant.receive_s
+    transport_s, start_s = variant.receive_s, variant.start_wait_s
     crossing = "device" if variant.arena is not None and variant.arena.taken > taken else "host"
     if crossing == "host" and room and variant.crossing_error:
         crossing = f"host: the child could not map the memory lent to it ({variant.crossing_error})"
@@ -419,8 +419,8 @@ def _point(task: Task, variant: Worker, answers: Answers, timeout_s: float, load
     # point pay a full collection, 0.1 s)
     transport.give_back_device_memory(keeping=answers.held)  # the parent holds only its kept answers between tasks
     t2 = time.perf_counter()
-    record.harness = HarnessCost(wall_s=t2 - t0, timed_s=timed_s, oracle_s=oracle_s, transport_s=transport_s,
-                                 judge_s=t2 - t1, crossing=crossing)
+    record.harness = HarnessCost(wall_s=t2 - t0, timed_s=timed_s, oracle_s=oracle_s, start_s=start_s or None,
+                                 transport_s=transport_s, judge_s=t2 - t1, crossing=crossing)
     return record
 
 

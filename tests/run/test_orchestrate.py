@@ -257,6 +257,15 @@ def test_honest_variant_is_ok(cheats_run):
     assert w.speedup == 1.0 and w.weight == 1.0 and w.source == "test"
 
 
+def test_a_variants_first_point_records_the_wait_for_its_child_to_start(cheats_run):
+    """A CPU run starts each variant's child as the variant begins: its first point waits for the child's greeting
+    (`HarnessCost.start_s`), which its later points do not."""
+    k, w = points_of(cheats_run[0], "honest")
+    assert k.harness.start_s is not None and k.harness.start_s > 0
+    assert w.harness.start_s is None
+    assert k.harness.start_s < k.harness.wall_s
+
+
 def test_wrong_output_is_failed(cheats_run):
     k, w = points_of(cheats_run[0], "writes_nothing")
     for p in (k, w):

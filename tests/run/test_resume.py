@@ -236,7 +236,7 @@ class InProcessWorker:
     def __init__(self, worker, env=None, startup_s: float = 120.0, arena=None, spill=True, warm=None):
         self.worker = worker
         self.asked: list = []
-        self.receive_s, self.arena, self.crossing_error = 0.0, None, None
+        self.receive_s, self.start_wait_s, self.arena, self.crossing_error = 0.0, 0.0, None, None
         WORKERS.append(self)
 
     def start(self):
