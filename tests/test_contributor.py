@@ -317,26 +317,31 @@ def test_a_contributor_adds_a_case(book: Path):
     case_file.write_text(CASE_YAML)
     assert "1 case file checked: all valid" in step("validate", "validate", f"cases/{CASE}.yaml").stdout
 
-    # 3. Run on the CPU: torch variants timed, the Triton variant checked through the interpreter.
-    run = step("run", "run", f"cases/{CASE}.yaml", "--save")
+    # 3. Run on the CPU: torch variants timed, the Triton variant checked through the interpreter. On a loaded
+    # machine the scenario's timings can come out disturbed, which the run reports as a failed scenario (exit 1,
+    # "a loaded machine?"); nothing else may fail.
+    run = step("run", "run", f"cases/{CASE}.yaml", "--save", ok=(0, 1))
     [stored] = (book / "results").glob(f"*/{CASE}.json")
     doc = json.loads(stored.read_text())
+    loaded = doc["end_to_end"]["status"] == "failed" and "a loaded machine?" in (doc["end_to_end"].get("error") or "")
+    assert run.returncode == 0 or loaded, f"{run.stdout}\n{run.stderr}"
     assert doc["hardware"]["kind"] == "cpu"
     status = {(p["variant"], p["dtype"]): p["status"] for p in doc["kernel_level"]}
     assert status == {("eager", "bf16"): "ok", ("eager", "fp32"): "ok", ("torch_fused", "bf16"): "ok",
                       ("torch_fused", "fp32"): "ok", ("triton_rows", "bf16"): "checked",
                       ("triton_rows", "fp32"): "checked"}, run.stdout
     assert all(p["correct"] for p in doc["kernel_level"] + doc["workload_level"]["points"])
-    assert doc["end_to_end"]["status"] == "partial"  # the Triton variant is not timed on a CPU
+    assert doc["end_to_end"]["status"] == "partial" or loaded  # the Triton variant is not timed on a CPU
     assert [c["held"] for c in doc["claims"]] == [None]  # scoped to nvidia-h200: not applicable here
 
     # 4. What a reviewer would reject: nothing (results present and current).
-    # On a loaded machine the run's points can be marked unstable, which check rightly refuses; nothing else.
+    # On a loaded machine the run's points can be marked unstable and its scenario disturbed, which check rightly
+    # refuses; nothing else.
     check = step("check", "check", f"cases/{CASE}.yaml", ok=(0, 2))
     problems = [line for line in check.stdout.splitlines()
                 if line.startswith(f"cases/{CASE}.yaml:") and ": warning: " not in line]
     assert "all valid" in check.stdout if check.returncode == 0 else (
-        problems and all("unstable point(s)" in line for line in problems)), check.stdout
+        problems and all("unstable point(s)" in line or "a loaded machine?" in line for line in problems)), check.stdout
 
     # 5. The site: the case has a page and appears in every index it belongs to.
     step("build", "build", "--out", "site")
