@@ -91,7 +91,7 @@ def test_a_run_lets_go_of_the_first_go_before_asking_for_the_rest(monkeypatch):
             return Answer(status="ok", expected={str(s): _answer(a) for s in seeds})
 
     class Variant:
-        arena, receive_s, crossing_error = None, 0.0, None
+        arena, receive_s, start_wait_s, crossing_error = None, 0.0, 0.0, None
 
         def request(self, task, timeout_s, room=0):
             calls = [_call(1, a.clone()), _call(2, a.clone()), _call(-5, a.clone())]
