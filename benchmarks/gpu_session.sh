@@ -149,6 +149,9 @@ case "${1:-}" in
     echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced|kept in" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
     timeout 30 python3 -m casebook.cli check > "$out/logs/check.txt" 2>&1; tail -1 "$out/logs/check.txt"
     [ -d "$stored/$slug" ] && cp -r "$stored/$slug/." "$out/results/"
+    # the machine time of every case stored here so far, from the results' own records (issue 44's table)
+    python3 benchmarks/harness_overhead.py "$stored/$slug"/*.json --table > "$out/logs/book_time.md" 2>&1
+    cat "$out/logs/book_time.md"
     pack_cache ;;
   pace)  # issue 43: the harness at the GPU's pace, on a fresh machine: the device crossing probed; the README's
          # main job timed fresh (under py-spy, every process sampled, where it is installed: where the wall time

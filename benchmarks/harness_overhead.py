@@ -9,6 +9,8 @@ counters' time after it (the machine time a case took), each variant's share.
 
     python3 benchmarks/harness_overhead.py RESULT.json [RESULT.json ...] [--points]
     python3 benchmarks/harness_overhead.py ~/.cache/casebook/runs/nvidia-h200/softmax_fusion/*.json
+    python3 benchmarks/harness_overhead.py results/nvidia-h200/*.json --table   # the book's machine time, a row
+                                                                                 # a case (Markdown), and the total
 """
 
 from __future__ import annotations
@@ -39,23 +41,56 @@ def rows(result) -> list[tuple]:
     return out
 
 
+def _seconds(result) -> float:
+    return (datetime.fromisoformat(result.finished_at) - datetime.fromisoformat(result.started_at)).total_seconds()
+
+
 def _span(result) -> str:
     """The run's span in seconds, from its start to its last point; a resumed run's spans the time between its
     parts too, and says so."""
-    seconds = (datetime.fromisoformat(result.finished_at) - datetime.fromisoformat(result.started_at)).total_seconds()
-    return f"{seconds:.1f} s" + (f", over {len(result.resumed) + 1} parts" if result.resumed else "")
+    return f"{_seconds(result):.1f} s" + (f", over {len(result.resumed) + 1} parts" if result.resumed else "")
+
+
+TABLE_HEAD = ("| case | machine | run span s | counters s | points | timed s | first calls s | child starts s "
+              "| overhead a point, median / worst s |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def starts_recorded(result) -> bool:
+    """Whether the run recorded its points' waits for their children's starts (results before it did not)."""
+    return any(p.harness is not None and p.harness.start_s is not None
+               for p in [*result.kernel_level, *result.workload_level.points])
+
+
+def table_row(result, found: list[tuple]) -> str:
+    """A case's machine time as a Markdown row: its run's span (a resumed run's includes the time between its
+    parts, marked), the counters after it, and of the points' wall time what was timed, compiled and started."""
+    overhead = [r[11] for r in found]
+    counters = f"{result.counters_s:.1f}" if result.counters_s is not None else "-"
+    parts = f" ({len(result.resumed) + 1} parts)" if result.resumed else ""
+    starts = f"{sum(r[10] for r in found):.1f}" if starts_recorded(result) else "-"
+    return (f"| {result.case_id} | {result.hardware.slug} | {_seconds(result):.1f}{parts} | {counters} | "
+            f"{len(found)} | {sum(r[5] for r in found):.1f} | {sum(r[6] for r in found):.1f} | "
+            f"{starts} | {statistics.median(overhead):.3f} / {max(overhead):.3f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--points", action="store_true", help="a row per point")
+    parser.add_argument("--table", action="store_true", help="a Markdown row per result, and their total")
     args = parser.parse_args(argv)
+    total = 0.0
+    if args.table:
+        print(TABLE_HEAD)
     for path in args.results:
         result = results.load(path)
         found = rows(result)
         if not found:
             print(f"{path}: no point records its harness cost (a result from before it was recorded)")
+            continue
+        if args.table:
+            print(table_row(result, found))
+            total += _seconds(result) + (result.counters_s or 0.0)
             continue
         if args.points:
             print(f"{'level':8s} {'variant':16s} {'shape':16s} {'dtype':5s} {'wall s':>7s} {'timed s':>8s} "
@@ -68,10 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         wall, timed, first, start = (sum(r[i] for r in found) for i in (4, 5, 6, 10))
         worst = max(found, key=lambda r: r[11])
         waited = max(found, key=lambda r: r[10])
-        recorded = any(p.harness is not None and p.harness.start_s is not None
-                       for p in [*result.kernel_level, *result.workload_level.points])
         starts = (f"{start:.1f} s waiting for variants' children to start (longest {waited[10]:.1f} s, {waited[1]})"
-                  if recorded else "the children's starts not recorded (a result from before they were)")
+                  if starts_recorded(result) else "the children's starts not recorded (a result from before they were)")
         # each variant's first point also pays its process's first uses of the device: the rest apart
         seen, rest = set(), []
         for r in found:
@@ -88,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{max(rest, default=0.0):.3f} s; points {wall:.1f} s, "
               f"{timed:.1f} s of it timed, {first:.1f} s first calls, {starts}; run {result.started_at} -> "
               f"{result.finished_at} ({_span(result)}){counters}; variants: {variants}")
+    if args.table:
+        print(f"\nin all: {total:.0f} s of runs and counters ({total / 60:.1f} min; a resumed run's span includes "
+              f"the time between its parts)")
     return 0
 
 
