@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         result = results.load(path)
         found = rows(result)
         if not found:
-            print(f"{path}: no point records its harness cost (a result from before it was recorded)")
+            print(f"{path}: no point records its harness cost (a result from before it was recorded)",
+                  file=sys.stderr if args.table else sys.stdout)
             continue
         if args.table:
             print(table_row(result, found))
