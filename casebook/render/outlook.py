@@ -91,7 +91,10 @@ def accuracy(book: Book) -> list[dict]:
             for dst in gpu:
                 if src is dst:
                     continue
-                _, points = project(src.result, dst.slug, datasheets(), ceilings, actual=dst.result)
+                try:
+                    _, points = project(src.result, dst.slug, datasheets(), ceilings, actual=dst.result)
+                except ProjectionError:  # a result that records no SM count (stored before results did)
+                    continue
                 judged = [p for p in points if p.measured_us is not None]
                 if judged:
                     out.append({"case": entry.id, "from": src.hardware_name, "to": dst.hardware_name,

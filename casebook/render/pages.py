@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from markupsafe import Markup
 
@@ -234,16 +235,24 @@ def atlas(book: Book, images: dict[str, str]) -> str:
 
 
 def home(book: Book, images: dict[str, str]) -> str:
-    """The book on the home page: how many cases, a card per case with its headline number, the atlas of
-    the first machine (GPUs first) that has one. A fragment for docs/index.md, relative to it."""
+    """The book on the home page: how many cases, a card per case with its headline number, the atlas of one
+    machine that has one: a GPU before a CPU, then the one with the most cases drawn, then the one the book's
+    claims name most (where an H100 and the H200 the claims are written for have as many cases, the H200). A
+    fragment for docs/index.md, relative to it."""
     page = "index.md"
-    atlas_of = next(((slug, results) for slug, results in book.hardware().items() if slug in images), None)
+    named = Counter(slug for e in book.entries for c in e.case.claims for slug in c.hardware or [])
+
+    def drawn(results) -> int:
+        return sum(bool(figures.atlas_points(book.get(r.result.case_id), r)) for r in results)
+
+    candidates = [(slug, results, drawn(results)) for slug, results in book.hardware().items() if slug in images]
+    atlas_of = min(candidates, default=None, key=lambda c: (c[1][0].result.hardware.kind != "gpu", -c[2],
+                                                            -named[c[1][0].slug], c[0]))
     atlas_view = None
     if atlas_of:
-        slug, results = atlas_of
+        slug, _, count = atlas_of
         atlas_view = {"name": views.machine_titles(book)[slug], "image": links.rel(page, images[slug]),
-                      "url": links.rel(page, links.ATLAS, slug),
-                      "drawn": sum(bool(figures.atlas_points(book.get(r.result.case_id), r)) for r in results)}
+                      "url": links.rel(page, links.ATLAS, slug), "drawn": count}
     return render("home", cases=[views.card(e, page) for e in book.entries], atlas=atlas_view)
 
 
