@@ -343,14 +343,11 @@ class Worker:
         """Run `worker(task)` in the child; its payload, or a timeout / crash record. `room`: bytes of the arena
         the child may fill with its answer's tensors on the arena's device (0: none, they cross the host);
         `grow`: the child may ask for more (up to `MAX_ROOM`) before it sends."""
-        t0, self.start_wait_s = time.perf_counter(), 0.0
-        if self.proc is None:
-            self._launch()
-        if not self.greeted:
-            failure = self._greet()
-            self.start_wait_s = time.perf_counter() - t0
-            if failure is not None:
-                return failure
+        starting, t0 = self.proc is None or not self.greeted, time.perf_counter()
+        failure = self.greet()
+        self.start_wait_s = time.perf_counter() - t0 if starting else 0.0
+        if failure is not None:
+            return failure
         deadline = time.monotonic() + timeout_s
         try:
             message = (task, self._lend(room, grow))
