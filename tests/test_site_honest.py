@@ -323,16 +323,27 @@ def test_a_home_card_shows_what_the_case_claims_and_never_a_rung_measured_elsewh
     assert "% of roof" not in card and "×" not in card
 
 
+def with_an_h100_result(tmp_path: Path) -> tuple[Path, Path]:
+    """The fixture book (cases, results) beside a real H100 run of the softmax case (the book's own), made fresh
+    for the current files as the fixtures are."""
+    from casebook.load import load_case
+    from casebook.provenance import case_sha256, kernel_sha256
+
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    doc = json.loads((REPO / "results" / "nvidia-h100-sxm" / "softmax_fusion.json").read_text())
+    doc.update(case_sha256=case_sha256(cases / "softmax_fusion.yaml"),
+               kernel_sha256=kernel_sha256(load_case(cases / "softmax_fusion.yaml").kernel.module, None,
+                                           doc.get("kernel_modules") or ()))
+    (results / "nvidia-h100-sxm").mkdir()
+    (results / "nvidia-h100-sxm" / "softmax_fusion.json").write_text(json.dumps(doc))
+    return cases, results
+
+
 def test_a_home_card_shows_another_gpus_headline_as_that_gpus(tmp_path, plot_cache):
     """Where the GPU the claims name has no result and another GPU has one, the card shows that GPU's headline,
     naming it as a machine the claims do not name; a CPU's result is never shown so."""
-    cases = copy_cases(tmp_path / "cases")
-    results = copy_results(tmp_path / "results", cases)
-    moved = results / "nvidia-h100-sxm" / "softmax_fusion.json"
-    moved.parent.mkdir()
-    doc = json.loads((results / "nvidia-h200" / "softmax_fusion.json").read_text())
-    doc["hardware"].update(slug="nvidia-h100-sxm", name="NVIDIA H100 80GB HBM3")
-    moved.write_text(json.dumps(doc))
+    cases, results = with_an_h100_result(tmp_path)
     (results / "nvidia-h200" / "softmax_fusion.json").unlink()
     assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
     html = (tmp_path / "site" / "index.html").read_text()
@@ -346,17 +357,7 @@ def test_a_home_card_shows_another_gpus_headline_as_that_gpus(tmp_path, plot_cac
 def test_the_home_atlas_is_the_machine_the_claims_name_where_another_gpu_has_as_many_cases(tmp_path, plot_cache):
     """An H100 with as many cases as the H200 the claims are written for (and first by name) does not take the
     home page's atlas from it."""
-    cases = copy_cases(tmp_path / "cases")
-    results = copy_results(tmp_path / "results", cases)
-    from casebook.load import load_case
-    from casebook.provenance import case_sha256, kernel_sha256
-
-    # a real H100 run of the case (the book's), made fresh for the current files as the fixtures are
-    doc = json.loads((REPO / "results" / "nvidia-h100-sxm" / "softmax_fusion.json").read_text())
-    doc.update(case_sha256=case_sha256(cases / "softmax_fusion.yaml"),
-               kernel_sha256=kernel_sha256(load_case(cases / "softmax_fusion.yaml").kernel.module))
-    (results / "nvidia-h100-sxm").mkdir()
-    (results / "nvidia-h100-sxm" / "softmax_fusion.json").write_text(json.dumps(doc))
+    cases, results = with_an_h100_result(tmp_path)
     assert build_site(cases, results, tmp_path / "site", plot_cache) == 0
     html = (tmp_path / "site" / "index.html").read_text()
     assert 'src="img/atlas/nvidia-h200.svg"' in html and "img/atlas/nvidia-h100-sxm.svg" not in html
