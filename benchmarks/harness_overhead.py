@@ -20,15 +20,32 @@ import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from casebook import results
 from casebook.result import shape_label
 
 
-def rows(result) -> list[tuple]:
-    """(level, variant, shape, dtype, wall, timed, first call, oracle, transport, judge, child start, overhead) of
-    each point measured in this run; the overhead is the wall time less the timed calls, the first call and the
-    wait for the variant's child to finish starting (its first point's, where it had not)."""
+class Row(NamedTuple):
+    """One measured point's costs, seconds; `overhead` is the wall time less the timed calls, the first call and
+    the wait for the variant's child to finish starting (its first point's, where it had not)."""
+
+    level: str
+    variant: str
+    shape: str
+    dtype: str
+    wall: float
+    timed: float
+    first: float
+    oracle: float
+    transport: float
+    judge: float
+    start: float
+    overhead: float
+
+
+def rows(result) -> list[Row]:
+    """A `Row` for each point measured in this run (not those a resumed run kept)."""
     out = []
     for level, points in (("kernel", result.kernel_level), ("workload", result.workload_level.points)):
         for p in points:
@@ -36,8 +53,8 @@ def rows(result) -> list[tuple]:
             if h is None or h.wall_s is None or h.kept:
                 continue
             timed, first, start = h.timed_s or 0.0, p.first_call_s or 0.0, h.start_s or 0.0
-            out.append((level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, timed, first, h.oracle_s or 0.0,
-                        h.transport_s or 0.0, h.judge_s or 0.0, start, h.wall_s - timed - first - start))
+            out.append(Row(level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, timed, first, h.oracle_s or 0.0,
+                           h.transport_s or 0.0, h.judge_s or 0.0, start, h.wall_s - timed - first - start))
     return out
 
 
@@ -61,15 +78,15 @@ def starts_recorded(result) -> bool:
                for p in [*result.kernel_level, *result.workload_level.points])
 
 
-def table_row(result, found: list[tuple]) -> str:
+def table_row(result, found: list[Row]) -> str:
     """A case's machine time as a Markdown row: its run's span (a resumed run's includes the time between its
     parts, marked), the counters after it, and of the points' wall time what was timed, compiled and started."""
-    overhead = [r[11] for r in found]
+    overhead = [r.overhead for r in found]
     counters = f"{result.counters_s:.1f}" if result.counters_s is not None else "-"
     parts = f" ({len(result.resumed) + 1} parts)" if result.resumed else ""
-    starts = f"{sum(r[10] for r in found):.1f}" if starts_recorded(result) else "-"
+    starts = f"{sum(r.start for r in found):.1f}" if starts_recorded(result) else "-"
     return (f"| {result.case_id} | {result.hardware.slug} | {_seconds(result):.1f}{parts} | {counters} | "
-            f"{len(found)} | {sum(r[5] for r in found):.1f} | {sum(r[6] for r in found):.1f} | "
+            f"{len(found)} | {sum(r.timed for r in found):.1f} | {sum(r.first for r in found):.1f} | "
             f"{starts} | {statistics.median(overhead):.3f} / {max(overhead):.3f} |")
 
 
@@ -100,26 +117,27 @@ def main(argv: list[str] | None = None) -> int:
             for level, variant, shape, dtype, *seconds in found:
                 print(f"{level:8s} {variant:16s} {shape:16s} {dtype:5s} " + " ".join(
                     f"{x:{w}.3f}" for x, w in zip(seconds, (7, 8, 8, 8, 8, 8, 8, 10))))
-        overhead = [r[11] for r in found]
-        wall, timed, first, start = (sum(r[i] for r in found) for i in (4, 5, 6, 10))
-        worst = max(found, key=lambda r: r[11])
-        waited = max(found, key=lambda r: r[10])
-        starts = (f"{start:.1f} s waiting for variants' children to start (longest {waited[10]:.1f} s, {waited[1]})"
-                  if starts_recorded(result) else "the children's starts not recorded (a result from before they were)")
+        overhead = [r.overhead for r in found]
+        wall, timed, first, start = (sum(getattr(r, f) for r in found) for f in ("wall", "timed", "first", "start"))
+        worst = max(found, key=lambda r: r.overhead)
+        waited = max(found, key=lambda r: r.start)
+        starts = (f"{start:.1f} s waiting for variants' children to start (longest {waited.start:.1f} s, "
+                  f"{waited.variant})" if starts_recorded(result)
+                  else "the children's starts not recorded (a result from before they were)")
         # each variant's first point also pays its process's first uses of the device: the rest apart
         seen, rest = set(), []
         for r in found:
-            if r[1] in seen:
-                rest.append(r[11])
-            seen.add(r[1])
+            if r.variant in seen:
+                rest.append(r.overhead)
+            seen.add(r.variant)
         counters = f", then counters {result.counters_s:.1f} s" if result.counters_s is not None else ""
         variants = ", ".join(f"{v.name} {v.wall_s:.1f} s ({v.timed_s:.2f} timed)" for v in result.variants
                              if v.wall_s is not None)
         print(f"{result.case_id} on {result.hardware.slug} ({result.protocol.transport or 'crossing not recorded'}): "
               f"{len(found)} points; harness overhead a point (less timed calls, first call and child start) median "
-              f"{statistics.median(overhead):.3f} s, worst {max(overhead):.3f} s ({worst[1]} {worst[2]} {worst[3]}: "
-              f"oracle {worst[7]:.3f}, crossing {worst[8]:.3f}, judge {worst[9]:.3f}), past each variant's first point "
-              f"{max(rest, default=0.0):.3f} s; points {wall:.1f} s, "
+              f"{statistics.median(overhead):.3f} s, worst {max(overhead):.3f} s ({worst.variant} {worst.shape} "
+              f"{worst.dtype}: oracle {worst.oracle:.3f}, crossing {worst.transport:.3f}, judge {worst.judge:.3f}), "
+              f"past each variant's first point {max(rest, default=0.0):.3f} s; points {wall:.1f} s, "
               f"{timed:.1f} s of it timed, {first:.1f} s first calls, {starts}; run {result.started_at} -> "
               f"{result.finished_at} ({_span(result)}){counters}; variants: {variants}")
     if args.table:
