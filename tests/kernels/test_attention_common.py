@@ -79,6 +79,8 @@ def test_terms_count_each_tensor_once():
     (8, 8, 32768, 132, (5, 6656)),  # 64 programs -> 5 splits of 26 tiles of 256
     (1, 8, 131072, 132, (32, 4096)),
     (64, 8, 4096, 132, (1, 4096)),  # batch x KV heads already fills two programs an SM
+    (16, 8, 512, 132, (1, 512)),  # 128 pairs fill 0.9 of 132 SMs: no split (two would cost their partials)
+    (14, 8, 8192, 132, (3, 2816)),  # 112 pairs do not: two programs an SM
 ])
 def test_split_count_fills_the_gpu_without_tiny_splits(b, hkv, skv, sms, want, monkeypatch):
     monkeypatch.setattr(ac, "MIN_CHUNK", 256)  # the GPU's value (the interpreter's is one tile)
