@@ -44,13 +44,14 @@ class Row(NamedTuple):
     overhead: float
 
 
-def rows(result) -> list[Row]:
-    """A `Row` for each point measured in this run (not those a resumed run kept)."""
+def rows(result, kept: bool = False) -> list[Row]:
+    """A `Row` for each point measured in this run; with `kept`, those a resumed run kept from its earlier parts
+    too (their costs were paid there)."""
     out = []
     for level, points in (("kernel", result.kernel_level), ("workload", result.workload_level.points)):
         for p in points:
             h = p.harness
-            if h is None or h.wall_s is None or h.kept:
+            if h is None or h.wall_s is None or (h.kept and not kept):
                 continue
             timed, first, start = h.timed_s or 0.0, p.first_call_s or 0.0, h.start_s or 0.0
             out.append(Row(level, p.variant, shape_label(p.shape), p.dtype, h.wall_s, timed, first, h.oracle_s or 0.0,
@@ -62,13 +63,22 @@ def _seconds(result) -> float:
     return (datetime.fromisoformat(result.finished_at) - datetime.fromisoformat(result.started_at)).total_seconds()
 
 
+def machine_s(result) -> float:
+    """The seconds a case's run held the machine, counters excluded: its span, or for a run resumed over several
+    parts (whose span includes the time between them) its points' wall time in every part, which leaves out
+    each part's start (loading, ceilings) and so reads low."""
+    if result.resumed:
+        return sum(r.wall for r in rows(result, kept=True))
+    return _seconds(result)
+
+
 def _span(result) -> str:
     """The run's span in seconds, from its start to its last point; a resumed run's spans the time between its
     parts too, and says so."""
     return f"{_seconds(result):.1f} s" + (f", over {len(result.resumed) + 1} parts" if result.resumed else "")
 
 
-TABLE_HEAD = ("| case | machine | run span s | counters s | points | timed s | first calls s | child starts s "
+TABLE_HEAD = ("| case | machine | run s | counters s | points | timed s | first calls s | child starts s "
               "| overhead a point, median / worst s |\n|---|---|---|---|---|---|---|---|---|")
 
 
@@ -79,13 +89,13 @@ def starts_recorded(result) -> bool:
 
 
 def table_row(result, found: list[Row]) -> str:
-    """A case's machine time as a Markdown row: its run's span (a resumed run's includes the time between its
-    parts, marked), the counters after it, and of the points' wall time what was timed, compiled and started."""
+    """A case's machine time as a Markdown row: its run's (`machine_s`; a resumed run's marked), the counters
+    after it, and of this part's points' wall time what was timed, compiled and started."""
     overhead = [r.overhead for r in found]
     counters = f"{result.counters_s:.1f}" if result.counters_s is not None else "-"
-    parts = f" ({len(result.resumed) + 1} parts)" if result.resumed else ""
+    parts = f" ({len(result.resumed) + 1} parts, points only)" if result.resumed else ""
     starts = f"{sum(r.start for r in found):.1f}" if starts_recorded(result) else "-"
-    return (f"| {result.case_id} | {result.hardware.slug} | {_seconds(result):.1f}{parts} | {counters} | "
+    return (f"| {result.case_id} | {result.hardware.slug} | {machine_s(result):.1f}{parts} | {counters} | "
             f"{len(found)} | {sum(r.timed for r in found):.1f} | {sum(r.first for r in found):.1f} | "
             f"{starts} | {statistics.median(overhead):.3f} / {max(overhead):.3f} |")
 
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.table:
             print(table_row(result, found))
-            total += _seconds(result) + (result.counters_s or 0.0)
+            total += machine_s(result) + (result.counters_s or 0.0)
             continue
         if args.points:
             print(f"{'level':8s} {'variant':16s} {'shape':16s} {'dtype':5s} {'wall s':>7s} {'timed s':>8s} "
@@ -141,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{timed:.1f} s of it timed, {first:.1f} s first calls, {starts}; run {result.started_at} -> "
               f"{result.finished_at} ({_span(result)}){counters}; variants: {variants}")
     if args.table:
-        print(f"\nin all: {total:.0f} s of runs and counters ({total / 60:.1f} min; a resumed run's span includes "
-              f"the time between its parts)")
+        print(f"\nin all: {total:.0f} s of runs and counters ({total / 60:.1f} min; a resumed run counts its "
+              f"points' time alone)")
     return 0
 
 
