@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from casebook import evidence, provenance, results
 from casebook.case import Case, consistency_problems
 from casebook.load import CaseError, Lines, _located, read_case
 from casebook.paths import refusal
-from casebook.result import Ceilings, Result, shape_label
+from casebook.result import RESULT_SCHEMA_VERSION, Ceilings, Result, shape_label
 from casebook.roofline import CEILINGS_APART, ceilings_apart
 from casebook.tolerance import OVERRIDE_FLAG, TOLERANCE, overridden
 from casebook.traffic import INTENSITY_TOLERANCE
@@ -418,10 +419,22 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
                    for why in evidence.problems(result, None if reasons else case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
+        if why := older_format(result):
+            errors.append(CaseError(path, 1, "results", f"{shown} {why}", warning=True))
         errors += [CaseError(path, 1, "results", why, warning=True) for why in ceilings_disagree(result, doc, root)]
         if why := intensity_mismatch(case, doc):
             errors.append(lines.error(("bottleneck", "arithmetic_intensity"), f"{why} (from {shown})"))
     return errors
+
+
+def older_format(result: Path) -> str | None:
+    """Where a stored result is written in an older result format than this casebook's: it reads through its
+    migration, without what the format gained since; `casebook run --all --save --resume` measures it again."""
+    version = json.loads(result.read_text()).get("schema_version")
+    if version == RESULT_SCHEMA_VERSION:
+        return None
+    return (f"is written in result format {version}, not {RESULT_SCHEMA_VERSION}: it lacks what the format gained "
+            "since; the book's refresh (`casebook run --all --save --resume`) measures it again")
 
 
 def intensity_mismatch(case: Case, doc: Result) -> str | None:

@@ -246,3 +246,24 @@ def test_the_readme_names_every_command():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     names = [c.name or c.callback.__name__ for c in app.registered_commands]
     assert [n for n in names if f"`casebook {n}" not in readme] == []
+
+
+def test_a_book_refresh_measures_again_a_result_in_an_older_format(tmp_path, monkeypatch):
+    """`casebook run --all --save --resume` leaves a current result alone, but not one written in an older result
+    format: it reads through its migration and lacks what the format gained since."""
+    from types import SimpleNamespace
+
+    from casebook.commands.run_many import current_result
+    from casebook.load import load_case
+    from casebook.run import hardware
+    from site_helpers import copy_cases, copy_results
+
+    cases = copy_cases(tmp_path / "cases")
+    results = copy_results(tmp_path / "results", cases)
+    monkeypatch.setattr(hardware, "identify", lambda devices=None: SimpleNamespace(slug="nvidia-h200"))
+    path = cases / "softmax_fusion.yaml"
+    stored = results / "nvidia-h200" / "softmax_fusion.json"
+    assert current_result(path, load_case(path), results) == stored
+    doc = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**doc, "schema_version": doc["schema_version"] - 1}))
+    assert current_result(path, load_case(path), results) is None

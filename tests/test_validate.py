@@ -311,6 +311,19 @@ def test_strict_warns_of_a_missed_claim_without_rejecting_it(make_case):
                            "the kernel, or restate the claim as what was measured")
 
 
+def test_strict_warns_of_a_result_in_an_older_format(make_case):
+    path = make_case()
+    result = store_result(path)
+    doc = json.loads(result.read_text())
+    assert not [w for w in validate([path], strict=True).warnings if "result format" in str(w)]
+    result.write_text(json.dumps({**doc, "schema_version": doc["schema_version"] - 1}))
+    report = validate([path], strict=True)
+    assert report.errors == []
+    [warning] = [str(w) for w in report.warnings if "result format" in str(w)]
+    assert warning.startswith(f"{path}:1: results: warning: results/nvidia-h200/softmax_fusion.json is written in "
+                              f"result format {doc['schema_version'] - 1}, not {doc['schema_version']}")
+
+
 def test_strict_accepts_a_clean_full_result(make_case):
     path = make_case()
     result = store_result(path)

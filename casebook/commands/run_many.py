@@ -37,9 +37,12 @@ def measure_case(case: Path, args: dict, progress, gate=None) -> dict:
 
 
 def current_result(path: Path, case, results_dir: Path) -> Path | None:
-    """The stored result of `case` for this machine, where it is current: complete, and of the case and kernel as
-    they are now. What a resumed run of many cases leaves alone (a job cut short by its time limit is followed by
-    the same command, which measures what is left)."""
+    """The stored result of `case` for this machine, where it is current: complete, of the case and kernel as they
+    are now, and written in the current result format (an older one reads through its migration, but lacks what
+    the format has gained since, such as each point's harness cost). What a resumed run of many cases leaves
+    alone (a job cut short by its time limit is followed by the same command, which measures what is left)."""
+    import json
+
     from casebook import results
     from casebook.provenance import stale_reasons
     from casebook.run import hardware
@@ -49,6 +52,8 @@ def current_result(path: Path, case, results_dir: Path) -> Path | None:
         return None
     try:
         result = results.load(stored)
+        if json.loads(stored.read_text()).get("schema_version") != results.RESULT_SCHEMA_VERSION:
+            return None
     except ValueError:
         return None
     return stored if result.complete is not False and not stale_reasons(result, path, case) else None
