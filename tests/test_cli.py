@@ -256,6 +256,7 @@ def test_a_book_refresh_measures_again_a_result_in_an_older_format(tmp_path, mon
     from casebook.commands.run_many import current_result
     from casebook.load import load_case
     from casebook.run import hardware
+
     from site_helpers import copy_cases, copy_results
 
     cases = copy_cases(tmp_path / "cases")
