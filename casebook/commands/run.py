@@ -357,7 +357,12 @@ def report(result: Result) -> None:
         out.print(c)
     _stability(result)
     _intensity(result.arithmetic_intensity)
-    out.print("[bold]Claims[/bold]")
+    print_claims(result)
+
+
+def print_claims(result: Result, title: str = "Claims") -> None:
+    """Each claim's verdict on this machine, with its number."""
+    out.print(f"[bold]{title}[/bold]", highlight=False)
     for c in result.claims:
         mark = {True: "[green]held[/]", False: "[bold red]FAILED[/]", None: "[dim]n/a[/]"}[c.held]
         out.print(f"  {mark}  {c.text}  [dim]{c.detail}[/]", highlight=False)

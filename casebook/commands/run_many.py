@@ -107,9 +107,9 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
     landed: dict[Path, dict] = {}
 
     def land(o: Outcome) -> None:
-        """Validate a case's run into its `Result` and keep (and with --save store) it the moment it ends: each
-        file written atomically."""
-        from casebook.commands.run import keep, store
+        """Validate a case's run into its `Result` and keep (and with --save store) it the moment it ends, each
+        file written atomically, and print its claims' verdicts."""
+        from casebook.commands.run import keep, print_claims, store
         from casebook.run import assemble
 
         rec = landed.setdefault(o.job.case, {})
@@ -121,6 +121,8 @@ def main(paths: list[Path], *, devices: list[str] | None, ray_address: str | Non
         rec["failed"] = assemble.failed(result)
         if save:
             rec["store"] = store(result, results_dir, o.job.case, force, console)
+        if not json_out:  # as each case lands: a run cut short later has still said what its claims read
+            print_claims(result, f"{o.job.case.stem} on {result.hardware.slug}: claims")
 
     start = time.monotonic()
     with _Board(console, len(jobs)) as board:

@@ -236,6 +236,9 @@ def test_the_book_refreshed_over_jobs_measures_only_what_is_not_current(small_bo
     args = ("run", "--all", "--devices", "0,1", "--quick", "--save", "--results", small_book / "results", "--resume")
     first = cli(*args)
     assert first.exit_code in (0, 1), first.output
+    slug = next((small_book / "results").iterdir()).name
+    for case in ("scaled_add", "scaled_add_b"):  # each case's verdicts as it lands, not only at the end
+        assert f"{case} on {slug}: claims" in first.stdout, first.stdout
     stored = sorted(p.name for p in (small_book / "results").glob("*/*.json"))
     assert stored == ["scaled_add.json", "scaled_add_b.json"]
     runs = sorted((small_book / "cache" / "runs").rglob("*.json"))
