@@ -90,7 +90,7 @@ def starts_recorded(result) -> bool:
 
 def table_row(result, found: list[Row]) -> str:
     """A case's machine time as a Markdown row: its run's (`machine_s`; a resumed run's marked), the counters
-    after it, and of this part's points' wall time what was timed, compiled and started."""
+    after it, and of its points' wall time (`found`, every part's) what was timed, compiled and started."""
     overhead = [r.overhead for r in found]
     counters = f"{result.counters_s:.1f}" if result.counters_s is not None else "-"
     parts = f" ({len(result.resumed) + 1} parts, points only)" if result.resumed else ""
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(TABLE_HEAD)
     for path in args.results:
         result = results.load(path)
-        found = rows(result)
+        found = rows(result, kept=args.table)  # the table is the case's machine time: every part's points
         if not found:
             print(f"{path}: no point records its harness cost (a result from before it was recorded)",
                   file=sys.stderr if args.table else sys.stdout)
