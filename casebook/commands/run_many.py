@@ -41,18 +41,17 @@ def current_result(path: Path, case, results_dir: Path) -> Path | None:
     are now, and written in the current result format (an older one reads through its migration, but lacks what
     the format has gained since, such as each point's harness cost). What a resumed run of many cases leaves
     alone (a job cut short by its time limit is followed by the same command, which measures what is left)."""
-    import json
-
     from casebook import results
     from casebook.provenance import stale_reasons
     from casebook.run import hardware
+    from casebook.validate import older_format
 
     stored = results.result_path(results_dir, hardware.identify(devices=case.kernel.devices).slug, case.id)
     if not stored.is_file():
         return None
     try:
         result = results.load(stored)
-        if json.loads(stored.read_text()).get("schema_version") != results.RESULT_SCHEMA_VERSION:
+        if older_format(stored):
             return None
     except ValueError:
         return None
