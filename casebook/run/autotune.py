@@ -91,13 +91,29 @@ def _compiling_class():
                 self._call_kwargs = None
 
         def check_disk_cache(self, tuning_key, configs, bench_fn):
+            """Triton's disk cache of picks, keyed by this machine's device too (`machine_key`): Triton keys a
+            pick by the compiler and the architecture alone, so an H100's picks, carried in a cache, were an
+            H200's. A pick found is stored under the key the call asked for; one timed here, by `bench_fn`."""
             def compiled_then_timed():
                 _ahead(self, configs)
                 return bench_fn()
 
-            return super().check_disk_cache(tuning_key, configs, compiled_then_timed)
+            keyed = machine_key(tuning_key) if tuning_key else tuning_key  # no key: Triton times at once
+            found = super().check_disk_cache(keyed, configs, compiled_then_timed)
+            if keyed in self.cache:
+                self.cache[tuning_key] = self.cache.pop(keyed)
+            return found
 
     return CompilingAhead
+
+
+def machine_key(tuning_key: tuple) -> tuple:
+    """An autotuner's key with the device it tunes on: its name (an H100 and an H200 are both sm_90 to Triton,
+    and tile and stage picks made on one are not the other's), or the interpreter's."""
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "interpreter"
+    return (*tuning_key, f"device={device}")
 
 
 def quick_bench(kernel_call, quantiles=None):

@@ -127,3 +127,40 @@ def test_candidates_are_compiled_ahead_in_threads_each_launching_nothing(monkeyp
     autotune._ahead(types.SimpleNamespace(fn=types.SimpleNamespace(run=run), nargs={"x_ptr": "x"},
                                           _call_kwargs=None), configs)
     assert seen == []  # not inside a call: nothing to compile for
+
+
+def test_a_pick_kept_on_disk_is_the_devices_that_made_it(monkeypatch):
+    """Triton keys its disk cache of picks by compiler and architecture, which an H100 and an H200 share (sm_90):
+    casebook's tuners add the device's name, so a pick carried in from one is timed afresh on the other, and a pick
+    found is stored under the key the call asked for."""
+    from triton.runtime.autotuner import Autotuner
+
+    disk = {}
+
+    def triton_disk_cache(self, tuning_key, configs, bench_fn):  # Triton's, as it behaves: a pick by the key's text
+        if str(tuning_key) in disk:
+            self.cache[tuning_key] = disk[str(tuning_key)]
+            return True
+        bench_fn()
+        disk[str(tuning_key)] = "picked"
+        return False
+
+    monkeypatch.setattr(Autotuner, "check_disk_cache", triton_disk_cache)
+    monkeypatch.setattr(autotune, "_ahead", lambda tuner, configs: None)
+    mod = types.ModuleType("casebook.kernels._disk_fixture")
+    mod.tuned = _tuned(winner=0)
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    autotune.compile_ahead(autotune.autotuners("casebook.kernels"))
+    timed = []
+
+    def on(device: str) -> bool:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device)
+        mod.tuned.cache.clear()
+        return mod.tuned.check_disk_cache((100, "torch.float32"), mod.tuned.configs, lambda: timed.append(device))
+
+    assert on("NVIDIA H100 80GB HBM3") is False and timed == ["NVIDIA H100 80GB HBM3"]
+    assert on("NVIDIA H100 80GB HBM3") is True and mod.tuned.cache == {(100, "torch.float32"): "picked"}
+    assert on("NVIDIA H200") is False and timed[-1] == "NVIDIA H200", "another device's pick is not taken"
+    assert sorted(disk) == sorted(str((100, "torch.float32", f"device={d}")) for d in ("NVIDIA H100 80GB HBM3",
+                                                                                        "NVIDIA H200"))
