@@ -127,7 +127,8 @@ case "${1:-}" in
     grep -q '^FAILED ' "$out/logs/gpu_tests.txt" || grep -E '(FAILED|ERROR) +tests/' "$out/logs/gpu_tests.txt" | head -20 ;;
   book)  # issue 44: the book's own refresh, one command run again in each call until nothing is left. It stores
           # into this copy's results/, so a case whose committed result is current is left alone; CASES names
-          # cases in the order wanted (default --all); every results/<slug> file comes back in
+          # cases in the order wanted (default --all), BOOK_FLAGS more flags (--force: measured again even where
+          # current); every results/<slug> file comes back in
           # results.tgz, the cache (compiled kernels, autotuning picks, the runs cut short) as cache.tgz(.part-*).
           # Carry the last call's cache compressed, as it came back: copy its cache.tgz* into .cbcache-in/ (ignored)
           # (a `pace` call's too) and name `.cbcache-in` in carry; unpacked here, a case measured before compiles
@@ -145,7 +146,7 @@ case "${1:-}" in
       for f in "results/$slug/"*; do [ -e "$stored/$slug/${f##*/}" ] || cp "$f" "$stored/$slug/"; done
     fi
     timeout -s TERM $((end - 45 - SECONDS)) python3 -m casebook.cli run ${CASES:---all} --save --resume --counters \
-      --results "$stored" > "$out/logs/book.txt" 2> "$out/logs/book.err"
+      ${BOOK_FLAGS:-} --results "$stored" >> "$out/logs/book.txt" 2>> "$out/logs/book.err"
     echo "book: exit $?"; grep -E "current \(|case\(s\) in|crashed|unplaced|kept in" "$out/logs/book.txt" "$out/logs/book.err" | tail -25
     timeout 30 python3 -m casebook.cli check > "$out/logs/check.txt" 2>&1; tail -1 "$out/logs/check.txt"
     [ -d "$stored/$slug" ] && cp -r "$stored/$slug/." "$out/results/"
