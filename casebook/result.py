@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from casebook.case import DTYPE_BYTES, HardwareSlug, Ident, Regime
 
@@ -581,6 +581,14 @@ class Result(Record):
     """What one `casebook run` measured, with everything needed to trust and reproduce it."""
 
     schema_version: int = Field(description="Version of the result format.")
+    _written_in: int | None = PrivateAttr(default=None)
+    """The format of the file it was read from, where `results.load` migrated an older one (not stored)."""
+
+    @property
+    def written_in(self) -> int:
+        """The result format its file was written in: `schema_version` unless it was migrated on reading."""
+        return self._written_in or self.schema_version
+
     case_id: Ident = Field(description="The case measured (a file name in results/, never a path).")
     case_sha256: str = Field(description="sha256 hex of the case file's bytes when it was run.")
     kernel_file: str | None = Field(default=None, description="The kernel module's file name, in the kernels package.")

@@ -119,7 +119,7 @@ def load(path: Path) -> Result:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ResultError(f"{path}: unreadable result: {e}") from e
-    version = doc.get("schema_version")
+    version = written = doc.get("schema_version")
     if not isinstance(version, int):
         raise ResultError(f"{path}: schema_version: missing")
     if version > RESULT_SCHEMA_VERSION:
@@ -128,7 +128,10 @@ def load(path: Path) -> Result:
     while version < RESULT_SCHEMA_VERSION:
         doc = MIGRATIONS[version](doc)
         version = doc["schema_version"]
-    return Result.model_validate(doc)
+    result = Result.model_validate(doc)
+    if written != version:  # migrated: what it was written in kept beside it (unset, it compares as before)
+        result._written_in = written
+    return result
 
 
 def all_results(results_dir: Path) -> list[tuple[Path, Result]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -419,7 +418,7 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
                    for why in evidence.problems(result, None if reasons else case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}") for why in unpublishable(case, doc)]
         errors += [CaseError(path, 1, "results", f"{shown} {why}", warning=True) for why in missed_claims(doc)]
-        if why := older_format(result):
+        if why := older_format(doc):
             errors.append(CaseError(path, 1, "results", f"{shown} {why}", warning=True))
         errors += [CaseError(path, 1, "results", why, warning=True) for why in ceilings_disagree(result, doc, root)]
         if why := intensity_mismatch(case, doc):
@@ -427,14 +426,14 @@ def check_results(path: Path, case: Case, lines: Lines) -> list[CaseError]:
     return errors
 
 
-def older_format(result: Path) -> str | None:
-    """Where a stored result is written in an older result format than this casebook's: it reads through its
-    migration, without what the format gained since; `casebook run --all --save --resume` measures it again."""
-    version = json.loads(result.read_text()).get("schema_version")
-    if version == RESULT_SCHEMA_VERSION:
+def older_format(doc: Result) -> str | None:
+    """Where a stored result is written in an older result format than this casebook's (`Result.written_in`): it
+    reads through its migration, without what the format gained since; `casebook run --all --save --resume`
+    measures it again."""
+    if doc.written_in == RESULT_SCHEMA_VERSION:
         return None
-    return (f"is written in result format {version}, not {RESULT_SCHEMA_VERSION}: it lacks what the format gained "
-            "since; the book's refresh (`casebook run --all --save --resume`) measures it again")
+    return (f"is written in result format {doc.written_in}, not {RESULT_SCHEMA_VERSION}: it lacks what the format "
+            "gained since; the book's refresh (`casebook run --all --save --resume`) measures it again")
 
 
 def intensity_mismatch(case: Case, doc: Result) -> str | None:

@@ -51,11 +51,10 @@ def current_result(path: Path, case, results_dir: Path) -> Path | None:
         return None
     try:
         result = results.load(stored)
-        if older_format(stored):
-            return None
     except ValueError:
         return None
-    return stored if result.complete is not False and not stale_reasons(result, path, case) else None
+    current = result.complete is not False and not older_format(result) and not stale_reasons(result, path, case)
+    return stored if current else None
 
 
 def jobs_of(paths: list[Path], say: Console, results_dir: Path, save: bool,
