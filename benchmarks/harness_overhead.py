@@ -63,13 +63,11 @@ def _seconds(result) -> float:
     return (datetime.fromisoformat(result.finished_at) - datetime.fromisoformat(result.started_at)).total_seconds()
 
 
-def machine_s(result) -> float:
+def machine_s(result, found: list[Row]) -> float:
     """The seconds a case's run held the machine, counters excluded: its span, or for a run resumed over several
-    parts (whose span includes the time between them) its points' wall time in every part, which leaves out
-    each part's start (loading, ceilings) and so reads low."""
-    if result.resumed:
-        return sum(r.wall for r in rows(result, kept=True))
-    return _seconds(result)
+    parts (whose span includes the time between them) the wall time of its points in every part (`found`, kept
+    ones included), which leaves out each part's start (loading, ceilings) and so reads low."""
+    return sum(r.wall for r in found) if result.resumed else _seconds(result)
 
 
 def _span(result) -> str:
@@ -95,7 +93,7 @@ def table_row(result, found: list[Row]) -> str:
     counters = f"{result.counters_s:.1f}" if result.counters_s is not None else "-"
     parts = f" ({len(result.resumed) + 1} parts, points only)" if result.resumed else ""
     starts = f"{sum(r.start for r in found):.1f}" if starts_recorded(result) else "-"
-    return (f"| {result.case_id} | {result.hardware.slug} | {machine_s(result):.1f}{parts} | {counters} | "
+    return (f"| {result.case_id} | {result.hardware.slug} | {machine_s(result, found):.1f}{parts} | {counters} | "
             f"{len(found)} | {sum(r.timed for r in found):.1f} | {sum(r.first for r in found):.1f} | "
             f"{starts} | {statistics.median(overhead):.3f} / {max(overhead):.3f} |")
 
@@ -118,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.table:
             print(table_row(result, found))
-            total += machine_s(result) + (result.counters_s or 0.0)
+            total += machine_s(result, found) + (result.counters_s or 0.0)
             continue
         if args.points:
             print(f"{'level':8s} {'variant':16s} {'shape':16s} {'dtype':5s} {'wall s':>7s} {'timed s':>8s} "
