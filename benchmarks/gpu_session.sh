@@ -4,13 +4,14 @@
 # under a 10-minute limit whose files come back as one tarball. Explorations are plain scripts
 # (`python3 benchmarks/explore/<case>/<script>.py`, `bash benchmarks/transpose_sectors.sh OUT`), run as they are.
 #
-# Run on the device from the repository root, after the wheel install line (README, "Refreshing the book"):
+# Run on the device from the repository root, the wheels the image lacks installed (gpu_job.sh does both):
 #   bash benchmarks/gpu_session.sh case CASE [TESTS [K]]  # TESTS (a tests/kernels/*_gpu.py file, -k K), then
 #                                                 # `casebook run cases/CASE.yaml --save --counters`
 #   bash benchmarks/gpu_session.sh gpu-tests      # every tests/kernels/*_gpu.py file (FILES: which) in one
 #                                                 # pytest over WORKERS processes, what failed and why at the end
 #   bash benchmarks/gpu_session.sh book           # issue 44: `casebook run --all --save --resume --counters`
 #                                                 # until DEADLINE (CASES: an order), the cache carried in and back
+#   bash benchmarks/gpu_session.sh pack           # the cache alone, as `book` packs it (a job of several steps)
 #   bash benchmarks/gpu_session.sh explore        # the explorations waiting for a GPU (EXPLORE: which), timed,
 #                                                 # then under ncu where they offer --once
 #   bash benchmarks/gpu_session.sh pace           # issue 43: the device crossing probed, the README's main job
@@ -153,7 +154,8 @@ case "${1:-}" in
     # the machine time of every case stored here so far, from the results' own records (issue 44's table)
     python3 benchmarks/harness_overhead.py "$stored/$slug"/*.json --table > "$out/logs/book_time.md" 2>&1
     cat "$out/logs/book_time.md"
-    pack_cache ;;
+    [ "${PACK:-1}" = 0 ] || pack_cache ;;  # PACK=0: a later step of the same call packs it (`pack`)
+  pack) pack_cache ;;  # the cache alone, as `book` packs it
   pace)  # issue 43: the harness at the GPU's pace, on a fresh machine: the device crossing probed; the README's
          # main job timed fresh (under py-spy, every process sampled, where it is installed: where the wall time
          # goes) and again with its compiled kernels and ceilings cached; each point's harness cost, against the
@@ -235,7 +237,7 @@ case "${1:-}" in
     timeout 120 python3 -m pytest -q tests/run/test_distributed.py > "$out/logs/distributed_pytest.txt" 2>&1
     echo "distributed pytest: exit $?"; tail -3 "$out/logs/distributed_pytest.txt"
     run_case allreduce_norm $((590 - SECONDS)) ;;
-  *) echo "usage: $0 case CASE [TESTS [K]] | gpu-tests | book | explore | pace | pool | allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 case CASE [TESTS [K]] | gpu-tests | book | pack | explore | pace | pool | allreduce" >&2; exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
