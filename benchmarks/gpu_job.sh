@@ -33,7 +33,8 @@ step() {  # step NAME DEADLINE ARGS...: one gpu_session.sh entry with its own $O
 if [ "${TESTS:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-tests ]; then
   touch /tmp/.gpu-job-tests
   step tests "${TESTS_S:-290}" gpu-tests
-  step explore $((SECONDS + ${EXPLORE_S:-180})) explore
+  EXPLORE=${EXPLORE-attention/fa3_gluon.py decode_chain/gemv_tiles.py attention/decode_splits.py cross_entropy/cluster.py} \
+    step explore $((SECONDS + ${EXPLORE_S:-240})) explore
 fi
 slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().slug)' 2>/dev/null)
 if [ "$slug" = nvidia-h200 ]; then
