@@ -242,12 +242,15 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
     while True:
         reps.extend((yield from sample(batch, observe)))
         times = [t for t, late in reps if not late]
-        enough = len(times) >= protocol.min_reps
+        if not times:  # not one repetition on time: a call that waits on the device (`.item()`, a copy to the
+            times = [t for t, _ in reps]  # host), whose time holds the host's; judged as it will be kept, so that
+        enough = len(times) >= protocol.min_reps  # it stops when stable, not at the cap (Liger's cross-entropy)
         if ((enough and median_stable(times, protocol.target_ci) and spread_read(times, device))
                 or len(reps) >= protocol.max_reps
                 or (_perf_counter_ns() > cap and len(reps) >= protocol.min_reps)):
             break
         batch = min(max(batch, len(reps)), protocol.max_reps - len(reps))
+    times = [t for t, late in reps if not late]
     late = len(reps) - len(times)
     readings = window.close()
     if late > len(times):  # the delay does not hide this call's host: every repetition kept
