@@ -5,8 +5,9 @@
 # - The wheels the image lacks (pydantic, liger-kernel, nvidia-ml-py), carried in $WHEELS (default .whl, an
 #   ignored folder named in the call's carry; fill it here with ../shared/device/fetch-wheels pydantic and
 #   `pip download --no-deps liger-kernel nvidia-ml-py`), installed without an index.
-# - Once a machine (TESTS=0: never): the GPU-only tests, then the explorations waiting for a GPU (EXPLORE), each
-#   under its own deadline (TESTS_S, EXPLORE_S seconds).
+# - Once a machine (TESTS=0: never): the GPU-only tests, then the explorations waiting for a GPU (EXPLORE), and
+#   with BOUND=1 the ncu readings of which resource binds (`gpu_session.sh bound`), each under its own deadline
+#   (TESTS_S, EXPLORE_S, BOUND_S seconds).
 # - Then the book (`gpu_session.sh book`) until END seconds from the start, its results kept outside the copy
 #   (/tmp/cbresults), so the next job on the same warm machine leaves alone what this one stored. ORDER: the
 #   cases first in line (the ones without a current result on this machine measure first); the rest follow
@@ -33,8 +34,8 @@ step() {  # step NAME DEADLINE ARGS...: one gpu_session.sh entry with its own $O
 if [ "${TESTS:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-tests ]; then
   touch /tmp/.gpu-job-tests
   step tests "${TESTS_S:-290}" gpu-tests
-  EXPLORE=${EXPLORE-attention/fa3_gluon.py decode_chain/gemv_tiles.py attention/decode_splits.py cross_entropy/cluster.py} \
-    step explore $((SECONDS + ${EXPLORE_S:-240})) explore
+  EXPLORE=${EXPLORE-attention/fa3_gluon.py} step explore $((SECONDS + ${EXPLORE_S:-150})) explore
+  [ "${BOUND:-0}" = 1 ] && step bound $((SECONDS + ${BOUND_S:-200})) bound
 fi
 slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().slug)' 2>/dev/null)
 if [ "$slug" = nvidia-h200 ]; then

@@ -11,6 +11,7 @@
 #                                                 # pytest over WORKERS processes, what failed and why at the end
 #   bash benchmarks/gpu_session.sh book           # issue 44: `casebook run --all --save --resume --counters`
 #                                                 # until DEADLINE (CASES: an order), the cache carried in and back
+#   bash benchmarks/gpu_session.sh bound          # issues 45-47: which resource binds the kernels they name (ncu)
 #   bash benchmarks/gpu_session.sh pack           # the cache alone, as `book` packs it (a job of several steps)
 #   bash benchmarks/gpu_session.sh explore        # the explorations waiting for a GPU (EXPLORE: which), timed,
 #                                                 # then under ncu where they offer --once
@@ -223,6 +224,19 @@ case "${1:-}" in
         echo "ncu $name: exit $?"
       done
     fi ;;
+  bound)  # which resource binds the kernels the issues name, under ncu (benchmarks/bound.sh), as time allows: the
+          # prefix cascade at its claim shape, the TMA transpose, the persistent decode chain, CE's cluster kernel
+    end=${DEADLINE:-560}
+    while read -r module fn shape; do
+      [ $SECONDS -lt $((end - 60)) ] || { echo "$module.$fn: not run (the call's time is spent)"; continue; }
+      BOUND_S=$((end - SECONDS)) bash benchmarks/bound.sh "$out/logs/bound" "$module" "$fn" "$shape"
+    done <<'LIST'
+attention_prefix triton_cascade_fused {"batch": 64, "heads": 32, "kv_heads": 8, "prefix": 32768, "suffix": 256, "head_dim": 128}
+transpose tma {"batch": 1, "rows": 16384, "cols": 16384, "inner": 1}
+decode_chain persistent {"batch": 1, "hidden": 4096, "layers": 8}
+cross_entropy cluster_bulk {"tokens": 4096, "vocab": 128256}
+LIST
+    ;;
   pool)  # issue 30: every case over every GPU of the host, one worker a GPU pinned with CUDA_VISIBLE_DEVICES;
          # each result lands in $out/results as its case ends, so a call cut short keeps what finished. Each
          # GPU measures its own ceilings first (~1 min); the book is 14 cases of 3-7 min each on one H200
@@ -237,7 +251,8 @@ case "${1:-}" in
     timeout 120 python3 -m pytest -q tests/run/test_distributed.py > "$out/logs/distributed_pytest.txt" 2>&1
     echo "distributed pytest: exit $?"; tail -3 "$out/logs/distributed_pytest.txt"
     run_case allreduce_norm $((590 - SECONDS)) ;;
-  *) echo "usage: $0 case CASE [TESTS [K]] | gpu-tests | book | pack | explore | pace | pool | allreduce" >&2; exit 2 ;;
+  *) echo "usage: $0 case CASE [TESTS [K]] | gpu-tests | book | pack | explore | bound | pace | pool | allreduce" >&2
+     exit 2 ;;
 esac
 # The kept runs too ($CASEBOOK_CACHE/runs): a run that did not reach --save's store can be stored here
 # with `casebook record`.
