@@ -22,7 +22,7 @@ Shapes: q [B, H, S_q, d], k and v [B, H_kv, S_kv, d], contiguous; d 64 or 128; S
 (the tiles are 2-D TMA boxes over [rows, d] views, so a box must not cross into the next head); causal with
 the queries at the end of the keys. Gluon has no interpreter: the kernel runs on sm_90 alone, and is checked
 here by lowering it for sm_90a (`compile_for_sm90`). Written for Triton 3.6 (the H200 image's), lowering with
-3.9 as well, through the aliases below (gemm_pingpong's).
+3.9 as well, through gluon_hopper's aliases (as gemm_pingpong is).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+from casebook.kernels.gluon_hopper import tma_load as _tma_load
+from casebook.kernels.gluon_hopper import tma_store as _tma_store
 
 ROWS = 64  # query rows a consumer warpgroup owns: wgmma's M for 4 warps
 BLOCK_M = 2 * ROWS  # a program's query rows

@@ -2,8 +2,8 @@
 sm_90a with the installed Triton, and its PTX is checked for what the design depends on: two consumer
 warpgroups and a producer sharing the register file, P V with P in registers, one FFMA and one ex2 a score,
 nothing spilled. Its results are checked on the GPU (benchmarks/explore/attention/fa3_gluon.py, against the
-float64 reference and SDPA). The lowering runs in a child process, as test_gemm_pingpong's does (a process in
-which Triton's interpreter has run cannot compile a Gluon kernel)."""
+float64 reference and SDPA). The lowering runs in a child process (`lowering.lowered`): a process in which
+Triton's interpreter has run cannot compile a Gluon kernel."""
 
 from __future__ import annotations
 
@@ -13,16 +13,14 @@ os.environ["TRITON_INTERPRET"] = "1"  # as in the other kernel tests, whichever 
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 fa = pytest.importorskip("casebook.kernels.attention_fa3", reason="this Triton has no Gluon", exc_type=ImportError)
 
-LOWER = """
-import json, sys
+SNIPPET = """
+import json
 from casebook.kernels import attention_fa3 as fa
 out = {}
 for causal in (True, False):
@@ -30,17 +28,16 @@ for causal in (True, False):
         kernel = fa.compile_for_sm90(causal=causal, head_dim=d)
         out[f"{causal} {d}"] = {"shared": kernel.metadata.shared, "ptx": kernel.asm["ptx"]}
 out["three stages"] = {"shared": fa.compile_for_sm90(head_dim=128, stages=3).metadata.shared}
-json.dump(out, open(sys.argv[1], "w"))
+print(json.dumps(out))
 """
 HOPPER_SMEM = 227 * 1024
 
 
 @pytest.fixture(scope="module")
-def lowered_all(tmp_path_factory) -> dict:
-    path = tmp_path_factory.mktemp("fa3") / "lowered.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, "-c", LOWER, str(path)], env=env, check=True, timeout=300)
-    return json.loads(path.read_text())
+def lowered_all() -> dict:
+    from lowering import lowered
+
+    return json.loads(lowered(SNIPPET).strip().splitlines()[-1])
 
 
 @pytest.fixture(params=[(c, d) for c in (True, False) for d in fa.HEAD_DIMS], ids=lambda p: f"causal={p[0]}-d{p[1]}")
