@@ -17,7 +17,7 @@ that way: benchmarks/explore/pingpong_epilogue.py).
 Triton's own tl.dot cannot express this: its automatic warp specialisation was measured slower on this
 GEMM. Gluon, Triton's explicit-layout dialect, exposes the warps, barriers and wgmma directly. It is
 experimental and renames things between releases; this module is written for Triton 3.6 (the H200
-image's) and also lowers with 3.9 (the CPU machines'), through gluon_hopper's aliases.
+image's) and also lowers with 3.9 (the CPU machines'), through the aliases below.
 
 Each program is persistent (one per SM) and walks its tiles in grouped order. 197 KB of shared memory:
 4 stages of A and B (128 KB), two 32 KB staging buffers for C. Registers: 232 per consumer thread
@@ -38,8 +38,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from casebook.kernels import gelu_fit
-from casebook.kernels.gluon_hopper import tma_load as _tma_load
-from casebook.kernels.gluon_hopper import tma_store as _tma_store
+
+# Triton 3.6 names these async_copy_global_to_shared / async_copy_shared_to_global; later releases
+# async_load / async_store, and the old store name raises.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M = 128, 128, 64, 4, 8
 NUM_WARPS, MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 4, 168, 232, 40
