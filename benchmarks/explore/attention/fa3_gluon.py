@@ -105,6 +105,10 @@ def lower() -> None:
 def main() -> None:
     if "--lower" in sys.argv:
         return lower()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("fa3_gluon: the kernel runs on a Hopper GPU alone (no interpreter); --lower runs anywhere")
     if "--one" in sys.argv:
         shape, timed = json.loads(sys.argv[sys.argv.index("--one") + 1])
         print(json.dumps(one(tuple(shape), timed)))
