@@ -7,6 +7,12 @@ If some tile reaches cuBLAS's rate, the tile is the lever and the case takes it;
 cuBLAS reads 2.5 or more, the loop's own structure is (its x tiles from L2 each step, a 16-row MMA for one row).
 At batch 1 the structure's alternative is timed beside it: the same layer with no MMA (`_gemv_kernel`: the weight
 tile times x g summed into a [BN, BK] fp32 tile, one row sum at the end), at a few tiles and warp counts.
+The no-MMA layer is also timed with K split over 2-8 programs a column tile (atomics into an fp32 row, then a
+small epilogue kernel): an SM then holds 2-8 programs, not one, with the same 16 KB a step each. The SASS of the
+case's tile (lowered for sm_90a) shows the loop pipelined as designed, two 16 KB weight steps in flight by cp.async
+(`DEPBAR.LE SB0, 0x3` over three commit groups a step), from 4 warps, one program an SM: if the split reaches
+cuBLAS's rate where the unsplit kernel stays at ~1.3 TB/s, what binds is the loads one SM's few warps can keep
+outstanding, not the bytes the pipeline asks for, and the case's layer takes more programs an SM.
 Times: `triton.testing.do_bench` (L2 flushed, median); TB/s on the layer's bytes (the H x H weight, x read twice,
 the output written). Every config's output is compared with the case's eager layer (float32 sums, bf16 out).
 
@@ -50,12 +56,54 @@ def _gemv_kernel(x_ptr, out_ptr, w_ptr, g_ptr, H, eps, BN: tl.constexpr, BK: tl.
     tl.store(out_ptr + cols, (res + y * tl.sigmoid(y)).to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
+@triton.jit
+def _gemv_splitk_kernel(x_ptr, part_ptr, sumsq_ptr, w_ptr, g_ptr, H, KCHUNK, BN: tl.constexpr, BK: tl.constexpr):
+    # The no-MMA GEMV with K split over SPLITS programs (grid axis 1): each sums its K range's products into a
+    # [BN, BK] fp32 tile and adds its row sums to `part` (fp32, one word an output column) by atomics; the
+    # programs of column tile 0 add their squares to `sumsq`. More programs an SM, so more warps with loads in
+    # flight, at the same bytes a step.
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    col_ok = cols < H
+    ks = tl.arange(0, BK)
+    k_lo = tl.program_id(1) * KCHUNK
+    sumsq = tl.zeros([BK], dtype=tl.float32)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + KCHUNK, BK):
+        k = k0 + ks
+        k_ok = k < H
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        sumsq += xk * xk
+        xg = xk * tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        wk = tl.load(w_ptr + cols[:, None] * H + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += wk.to(tl.float32) * xg.to(wk.dtype).to(tl.float32)[None, :]
+    tl.atomic_add(part_ptr + cols, tl.sum(acc, axis=1), mask=col_ok, sem="relaxed")
+    tl.atomic_add(sumsq_ptr, tl.sum(sumsq), mask=tl.program_id(0) == 0, sem="relaxed")
+
+
+@triton.jit
+def _gemv_epilogue(x_ptr, out_ptr, part_ptr, sumsq_ptr, H, eps, BLOCK: tl.constexpr):
+    # out = x + silu(part / rms), one program a BLOCK of columns; `part` is zeroed as it is read, and `sumsq` by
+    # the last program once every program has read it (a counter beside it), so the next call starts clean.
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < H
+    inv = 1.0 / tl.sqrt(tl.load(sumsq_ptr) / H + eps)
+    y = tl.load(part_ptr + cols, mask=ok, other=0.0) * inv
+    tl.store(part_ptr + cols, tl.zeros([BLOCK], dtype=tl.float32), mask=ok)
+    res = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + cols, (res + y * tl.sigmoid(y)).to(out_ptr.dtype.element_ty), mask=ok)
+    if tl.atomic_add(sumsq_ptr + 1, 1.0, sem="acq_rel") == tl.num_programs(0) - 1:
+        tl.store(sumsq_ptr, 0.0)
+        tl.store(sumsq_ptr + 1, 0.0)
+
+
 CASE = {"BN": 32, "BK": 256, "stages": 3, "warps": 4}
 AXES = {"BN": (16, 64, 128), "BK": (64, 128, 512), "stages": (2, 4, 5), "warps": (2, 8)}
 GEMV = [{"BN": bn, "BK": bk, "stages": st, "warps": w} for bn, bk, st, w in
         ((16, 256, 3, 4), (32, 256, 3, 4), (32, 256, 4, 4), (64, 128, 3, 4), (64, 256, 3, 8), (32, 512, 3, 8),
          (128, 128, 3, 8))]
 """The no-MMA layer's tiles (batch 1): a [BN, BK] fp32 accumulator of 4-64 values a thread."""
+SPLITK = [{"BN": bn, "BK": 256, "stages": 3, "warps": 4, "splits": sp} for bn in (32, 64) for sp in (2, 4, 8)]
+"""The no-MMA layer with K split: 2-8 programs a column tile, 2-8 programs an SM at hidden 4096."""
 
 
 def configs() -> list[dict]:
@@ -84,18 +132,30 @@ def sweep(batch: int, hidden: int, device: str) -> None:
 
     if device == "cuda":
         report("cuBLAS GEMV (F.linear), alone", lambda: F.linear(x, w[0]))
-    runs = [("fused", c) for c in configs()] + ([("no-MMA", c) for c in GEMV] if batch == 1 else [])
+    runs = [("fused", c) for c in configs()]
+    if batch == 1:
+        runs += [("no-MMA", c) for c in GEMV] + [("no-MMA split-K", c) for c in SPLITK]
+    part = torch.zeros(hidden, device=device, dtype=torch.float32)
+    sumsq = torch.zeros(2, device=device, dtype=torch.float32)
     for kind, c in runs:
-        name = f"{kind} BN {c['BN']} BK {c['BK']} st {c['stages']} w {c['warps']}"
+        name = f"{kind} BN {c['BN']} BK {c['BK']} st {c['stages']} w {c['warps']}" + (
+            f" x{c['splits']}" if "splits" in c else "")
 
         def launch(c=c, kind=kind):
             grid, bk = (triton.cdiv(hidden, c["BN"]),), min(c["BK"], triton.next_power_of_2(hidden))
             if kind == "fused":
                 m._fused_layer_kernel[grid](x, out, w[0], gamma[0], batch, hidden, m.EPS, BB=bb, BN=c["BN"], BK=bk,
                                             UPCAST=device != "cuda", num_warps=c["warps"], num_stages=c["stages"])
-            else:
+            elif kind == "no-MMA":
                 _gemv_kernel[grid](x, out, w[0], gamma[0], hidden, m.EPS, BN=c["BN"], BK=bk, num_warps=c["warps"],
                                    num_stages=c["stages"])
+            else:  # K in SPLITS chunks of whole BK steps, then the epilogue
+                kchunk = triton.cdiv(triton.cdiv(hidden, c["splits"]), bk) * bk
+                _gemv_splitk_kernel[(grid[0], triton.cdiv(hidden, kchunk))](
+                    x, part, sumsq, w[0], gamma[0], hidden, kchunk, BN=c["BN"], BK=bk, num_warps=c["warps"],
+                    num_stages=c["stages"])
+                _gemv_epilogue[(triton.cdiv(hidden, 1024),)](x, out, part, sumsq, hidden, m.EPS, BLOCK=1024,
+                                                             num_warps=4)
         try:
             launch()
             if device == "cuda":
