@@ -34,7 +34,7 @@ step() {  # step NAME DEADLINE ARGS...: one gpu_session.sh entry with its own $O
 if [ "${TESTS:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-tests ]; then
   touch /tmp/.gpu-job-tests
   step tests "${TESTS_S:-290}" gpu-tests
-  EXPLORE=${EXPLORE-attention/fa3_gluon.py} step explore $((SECONDS + ${EXPLORE_S:-150})) explore
+  EXPLORE=${EXPLORE-attention/fa3_gluon.py decode_chain/gemv_tiles.py} step explore $((SECONDS + ${EXPLORE_S:-200})) explore
   [ "${BOUND:-0}" = 1 ] && step bound $((SECONDS + ${BOUND_S:-200})) bound
 fi
 slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().slug)' 2>/dev/null)
