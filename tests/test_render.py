@@ -327,6 +327,50 @@ def test_the_books_own_cases_and_stored_results_build_strictly(tmp_path: Path, p
     assert re.search(r"torch_grouped_mm\s+[0-9.,]+ s \(slowest shape [0-9.,]+ s\)", html)
     # The per-expert loop on the H200 is launch-bound by its host issue time, and its row says so.
     assert re.search(r"64×8192×1408×4096\s+loop\s+(?:\S+\s+){5,12}?launch \(host [0-9.,]+ µs\)", html)
+    for notebook in (REPO / "notes").glob("*.md"):  # every notebook a page of the site, under Notebooks
+        assert (tmp_path / "site" / "notebooks" / notebook.stem / "index.html").exists()
+
+
+# --- notebooks -----------------------------------------------------------------------------------
+
+NOTEBOOK = """# softmax on the H200: the floors, then the run
+
+Written before the run.
+
+## The floors
+
+The copy's roof.
+
+```
+## a fenced line, not a heading
+```
+
+### Predictions
+
+Fast.
+"""
+
+
+def test_a_notebook_is_a_page_with_its_headings_linked_from_the_cases_that_name_it(tmp_path, plot_cache):
+    cases = copy_cases(tmp_path / "cases")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "softmax_fusion.md").write_text(NOTEBOOK)  # a case's own: notes/<id>.md
+    (notes / "rmsnorm.md").write_text("# The norms\n\nShared.\n")  # named by the three RMSNorm cases' files
+    assert build_site(cases, tmp_path / "results", tmp_path / "site", plot_cache) == 0
+    site_dir = tmp_path / "site"
+    notebook = (site_dir / "notebooks" / "softmax_fusion" / "index.html").read_text()
+    assert re.search(r'<h2 id="the-floors">The floors', notebook)
+    assert re.search(r'<h3 id="predictions">Predictions', notebook)
+    assert "a fenced line, not a heading" in words(notebook) and "a-fenced-line" not in notebook
+    assert 'href="#the-floors"' in notebook  # in the page's table of contents
+    assert 'href="../../cases/softmax_fusion/"' in notebook
+    assert 'href="../../notebooks/softmax_fusion/"' in page(site_dir, "softmax_fusion")
+    for case in ("rmsnorm", "rmsnorm_backward", "rmsnorm_residual"):
+        assert 'href="../../notebooks/rmsnorm/"' in page(site_dir, case)
+    assert "Notebook:" not in words(page(site_dir, "gemm_tiled"))  # no notebook, no line
+    index = words((site_dir / "notebooks" / "index.html").read_text())
+    assert "The norms: rmsnorm, rmsnorm_backward, rmsnorm_residual" in " ".join(index.split())
 
 
 def test_neighbouring_ceiling_ticks_share_one_label():

@@ -185,6 +185,44 @@ def test_a_symlinked_case_file_is_refused_without_reading_it(make_case, tmp_path
         load_book(book, tmp_path / "no-results")
 
 
+def test_markup_in_a_notebook_is_shown_as_text_never_run(make_case, tmp_path, plot_cache):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "hostile.md").write_text(
+        "# Notes <script>alert(1)</script>\n\n<img src=x onerror=alert(2)>\n\n"
+        "## Floors <img src=x onerror=alert(3)>{: onclick=\"alert(4)\" }\n\n"
+        "[a](javascript:alert(5)) [b](java%73cript:alert(6)) [ok](https://example.org/ok)\n\n"
+        "```\n</code></pre>\n<script>alert(7)</script>\n```\n")
+    build_case(make_case, tmp_path, plot_cache, {}, name="hostile")
+    notebook = tmp_path / "site" / "notebooks" / "hostile" / "index.html"
+    p = parsed(notebook)
+    assert p.scripts == [] and p.handlers == []
+    hrefs = [unescape(h).lower() for h in p.hrefs]
+    assert not [h for h in hrefs if "alert(" in h] and "https://example.org/ok" in hrefs  # in-page anchors slugged
+    assert "<script>alert(1)</script>" in unescape(re.sub(r"<[^>]+>", "", notebook.read_text()))  # as text
+
+
+def test_a_notebook_that_is_a_link_or_too_large_or_not_text_is_refused(make_case, tmp_path, outside):
+    book = make_case().parent
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "linked.md").symlink_to(outside)
+    with pytest.raises(BookError, match="linked.md: is a symbolic link") as err:
+        load_book(book, tmp_path / "no-results")
+    assert SECRET not in str(err.value)
+    (notes / "linked.md").unlink()
+    (notes / "binary.md").write_bytes(b"# x\n\xff\xfe\n")
+    with pytest.raises(BookError, match="binary.md: not UTF-8"):
+        load_book(book, tmp_path / "no-results")
+    (notes / "binary.md").write_text("# x\n" + "y" * (1 << 20))
+    with pytest.raises(BookError, match="binary.md: is [0-9]+ bytes, over the"):
+        load_book(book, tmp_path / "no-results")
+    (notes / "binary.md").unlink()
+    (notes / "a name.md").write_text("# x\n")
+    with pytest.raises(BookError, match="a name.md: has a name other than"):
+        load_book(book, tmp_path / "no-results")
+
+
 def test_a_symlinked_kernel_module_is_refused(make_case, tmp_path, outside, cli, monkeypatch):
     path = make_case()
     kernels = tmp_path / "casebook" / "kernels"

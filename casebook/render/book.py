@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class Entry:
     case: Case
     path: Path
     results: list[StoredResult] = field(default_factory=list)
+    notebooks: list[str] = field(default_factory=list)
+    """The names of the notebooks that reason about it (`Notebook`)."""
 
     @property
     def id(self) -> str:
@@ -57,9 +60,30 @@ class Entry:
 
 
 @dataclass
+class Notebook:
+    """notes/<name>.md: the reasoning behind one case or a family of them, in the order it happened (the floors,
+    each prediction written before its run, what the run found, the next step). Markdown, shown as text."""
+
+    name: str
+    title: str
+    body: str
+    """The Markdown below the title line."""
+    cases: list[str] = field(default_factory=list)
+
+
+NOTEBOOK_BYTES = 1 << 20
+"""The largest notebook the site shows (the book's own are 10-40 KB)."""
+
+_NOTEBOOK_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_NAMED = re.compile(r"\bnotes/([A-Za-z0-9_-]+)\.md\b")
+"""How a case names a notebook other than its own (notes/<its id>.md): its path, anywhere in the case file."""
+
+
+@dataclass
 class Book:
     entries: list[Entry]
     warnings: list[str] = field(default_factory=list)
+    notebooks: dict[str, Notebook] = field(default_factory=dict)
 
     def get(self, case_id: str) -> Entry | None:
         return next((e for e in self.entries if e.id == case_id), None)
@@ -83,8 +107,9 @@ class Book:
         return dict(sorted(out.items(), key=gpu_first))
 
 
-def load_book(cases_dir: Path, results_dir: Path) -> Book:
-    """Every case under cases_dir and every result under results_dir; invalid files raise BookError."""
+def load_book(cases_dir: Path, results_dir: Path, notes_dir: Path | None = None) -> Book:
+    """Every case under cases_dir, every result under results_dir and every notebook under notes_dir (default:
+    notes/ beside cases_dir); invalid files raise BookError."""
     entries: list[Entry] = []
     errors: list[str] = []
     for path in sorted(cases_dir.glob("*.yaml")):
@@ -108,7 +133,12 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
         entries.append(Entry(case, path))
     if errors:
         raise BookError("invalid case(s):\n" + "\n".join(errors))
-    book = Book(entries)
+    book = Book(entries, notebooks=load_notebooks(notes_dir or cases_dir.parent / "notes"))
+    for entry in entries:  # its own notebook, then those its file names
+        named = [entry.id, *_NAMED.findall(entry.path.read_text(encoding="utf-8"))]
+        entry.notebooks = [n for n in dict.fromkeys(named) if n in book.notebooks]
+        for name in entry.notebooks:
+            book.notebooks[name].cases.append(entry.id)
     for path in sorted(results_dir.glob("*/*.json")) if results_dir.is_dir() else []:
         why = refusal(path, results_dir) or refusal(path.parent, results_dir)
         if why:
@@ -117,6 +147,28 @@ def load_book(cases_dir: Path, results_dir: Path) -> Book:
     for entry in book.entries:  # GPUs first, then by name: the machine the case is about leads
         entry.results.sort(key=lambda r: (r.result.hardware.kind != "gpu", r.slug))
     return book
+
+
+def load_notebooks(notes_dir: Path) -> dict[str, Notebook]:
+    """Every notes/<name>.md, by name; none where the folder is absent. A notebook that is a link, lies outside
+    the folder, is not UTF-8, is over NOTEBOOK_BYTES or has a name that is not a plain word raises BookError."""
+    out: dict[str, Notebook] = {}
+    for path in sorted(notes_dir.glob("*.md")) if notes_dir.is_dir() else []:
+        why = refusal(path, notes_dir)
+        if why is None and not _NOTEBOOK_NAME.fullmatch(path.stem):
+            why = "has a name other than letters, digits, '_' and '-' (it becomes the notebook page's address)"
+        if why is None and path.stat().st_size > NOTEBOOK_BYTES:
+            why = f"is {path.stat().st_size} bytes, over the {NOTEBOOK_BYTES} a notebook may be"
+        if why is not None:
+            raise BookError(f"{path}: {why}")
+        try:
+            source = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise BookError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        first, _, rest = source.lstrip("\n").partition("\n")
+        title, body = (first[2:].strip(), rest) if first.startswith("# ") else (path.stem, source)
+        out[path.stem] = Notebook(path.stem, title or path.stem, body)
+    return out
 
 
 def _attach(book: Book, path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Nothing is written into docs/: pages and SVGs are handed to mkdocs as generated files, so that
 `mkdocs build`, `mkdocs serve` and `casebook build` all see the same site and git sees nothing.
-Where the cases and results are read from: CASEBOOK_CASES / CASEBOOK_RESULTS, else cases/ and
-results/ beside mkdocs.yml.
+Where the cases, results and notebooks are read from: CASEBOOK_CASES / CASEBOOK_RESULTS / CASEBOOK_NOTES, else
+cases/ and results/ beside mkdocs.yml and notes/ beside the cases.
 """
 
 from __future__ import annotations
@@ -27,19 +27,20 @@ log = logging.getLogger("mkdocs.plugins.casebook")
 _state: dict = {}
 
 
-def _dirs(config) -> tuple[Path, Path, Path]:
+def _dirs(config) -> tuple[Path, Path, Path, Path]:
     base = Path(config.config_file_path).parent
     cases = Path(os.environ.get("CASEBOOK_CASES") or base / "cases")
     results = Path(os.environ.get("CASEBOOK_RESULTS") or base / "results")
+    notes = Path(os.environ.get("CASEBOOK_NOTES") or cases.parent / "notes")
     cache = Path(os.environ.get("CASEBOOK_PLOT_CACHE") or base / ".cache" / "casebook-plots")
-    return cases, results, cache
+    return cases, results, notes, cache
 
 
 def on_config(config):
     """Load and validate the book (a bad case fails the build), and list every case in the nav."""
-    cases, results, _ = _dirs(config)
+    cases, results, notes, _ = _dirs(config)
     try:
-        book = load_book(cases, results)
+        book = load_book(cases, results, notes)
     except BookError as err:
         raise SystemExit(f"casebook: {err}") from None
     for warning in book.warnings:
@@ -50,21 +51,25 @@ def on_config(config):
 
 
 def _extend_nav(nav: list | None, book: Book) -> None:
-    """Append one entry per case under the nav section that holds cases/index.md."""
+    """One entry per case under the nav section that holds cases/index.md, one per notebook under the section
+    that holds notebooks/index.md."""
+    listed = {links.CASE_INDEX: [(e.case.title, links.case_page(e.id)) for e in book.entries],
+              links.NOTEBOOK_INDEX: [(n.name, links.notebook_page(n.name)) for n in book.notebooks.values()]}
     for item in nav or []:
         if isinstance(item, dict):
             for value in item.values():
-                if isinstance(value, list) and links.CASE_INDEX in value:
-                    value[:] = [links.CASE_INDEX] + [{html.escape(e.case.title): links.case_page(e.id)}
-                                                     for e in book.entries]
-                    return
-                if isinstance(value, list):
+                if not isinstance(value, list):
+                    continue
+                index = next((k for k in listed if k in value), None)
+                if index is not None:
+                    value[:] = [index] + [{html.escape(title): path} for title, path in listed[index]]
+                else:
                     _extend_nav(value, book)
 
 
 def on_files(files: Files, config) -> Files:
     book: Book = _state["book"]
-    _, _, cache = _dirs(config)
+    cache = _dirs(config)[3]
     generated = site.plan(book, repo=ROOT)
     _state["home"] = generated.home
     for path, markdown in generated.pages.items():
@@ -109,9 +114,9 @@ def on_post_build(config):
 
 
 def on_serve(server, config, builder):
-    """Rebuild the preview when a case, a result or a kernel module changes."""
-    cases, results, _ = _dirs(config)
-    for path in (cases, results, ROOT / "casebook" / "kernels"):
+    """Rebuild the preview when a case, a result, a notebook or a kernel module changes."""
+    cases, results, notes, _ = _dirs(config)
+    for path in (cases, results, notes, ROOT / "casebook" / "kernels"):
         if path.is_dir():
             server.watch(str(path))
     return server

@@ -21,6 +21,8 @@ TRANSFERS = f"{BROWSE}/transfers.md"
 CLAIMS = f"{BROWSE}/claims.md"
 TAGS = f"{BROWSE}/tags.md"
 CASE_INDEX = f"{CASES}/index.md"
+NOTEBOOKS = "notebooks"
+NOTEBOOK_INDEX = f"{NOTEBOOKS}/index.md"
 ATLAS = "atlas.md"
 HARDWARE = "hardware.md"
 IMAGES = "img"
@@ -28,6 +30,10 @@ IMAGES = "img"
 
 def case_page(case_id: str) -> str:
     return f"{CASES}/{case_id}.md"
+
+
+def notebook_page(name: str) -> str:
+    return f"{NOTEBOOKS}/{name}.md"
 
 
 def image(name: str) -> str:

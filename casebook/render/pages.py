@@ -9,7 +9,7 @@ from collections import Counter
 from markupsafe import Markup
 
 from casebook.render import figures, links, outlook, text, views
-from casebook.render.book import Book, Entry, kernel_source
+from casebook.render.book import Book, Entry, Notebook, kernel_source
 from casebook.render.templates import front_matter, render
 from casebook.render.words import BOTTLENECKS, CLAIM_MARK, PATTERNS
 from casebook.result import Environment, Hardware
@@ -45,6 +45,8 @@ def case_page(entry: Entry, book: Book, images: dict[tuple[str, str], str]) -> s
         projections_url=links.rel(page, outlook.PROJECTIONS),
         counters=any(m.counters for m in machines),
         notes=text.markdown_html(c.writeup.notes) if c.writeup.notes.strip() else None,
+        notebooks=[{"title": book.notebooks[n].title, "url": links.rel(page, links.notebook_page(n))}
+                   for n in entry.notebooks],
         source=text.code_html(source) if source is not None else None,
         source_lines=source.count("\n") + 1 if source else 0,
     )
@@ -80,6 +82,25 @@ def _claims(entry: Entry, machines: list[views.Machine]) -> list[dict]:
 WIDE = ["navigation"]
 """What a page of wide case tables hides at 1280 px: the section's page list (the header's tabs name it too),
 so that the tables fit beside the table of contents."""
+
+
+def notebook_page(notebook: Notebook, book: Book) -> str:
+    page = links.notebook_page(notebook.name)
+    cases = [{"title": book.get(c).case.title, "url": links.rel(page, links.case_page(c))} for c in notebook.cases]
+    return render("notebook", front_matter=front_matter(notebook.title, description=f"The notebook of "
+                                                       f"{', '.join(notebook.cases) or notebook.name}: floors, "
+                                                       "predictions and measurements, in order"),
+                  title=notebook.title, cases=cases,
+                  sections=[{"marks": Markup("#" * level), "heading": heading, "html": html}
+                            for level, heading, html in text.markdown_sections(notebook.body)])
+
+
+def notebooks_index(book: Book) -> str:
+    page = links.NOTEBOOK_INDEX
+    return render("notebooks", front_matter=front_matter("Notebooks", hide=["toc"]),
+                  notebooks=[{"title": n.title, "url": links.rel(page, links.notebook_page(n.name)),
+                              "cases": [{"id": c, "url": links.rel(page, links.case_page(c))} for c in n.cases]}
+                             for n in book.notebooks.values()])
 
 
 def case_index(book: Book) -> str:

@@ -59,6 +59,9 @@ def plan(book: Book, repo: Path | None = None) -> Generated:
 
     out = {links.case_page(e.id): pages.case_page(e, book, e.images) for e in book.entries}  # type: ignore[attr-defined]
     out[links.CASE_INDEX] = pages.case_index(book)
+    out[links.NOTEBOOK_INDEX] = pages.notebooks_index(book)
+    for notebook in book.notebooks.values():
+        out[links.notebook_page(notebook.name)] = pages.notebook_page(notebook, book)
     out[links.BY_BOTTLENECK] = pages.by_bottleneck(book)
     out[links.BY_PATTERN] = pages.by_pattern(book)
     out[links.BY_OPERATOR] = pages.by_operator(book)

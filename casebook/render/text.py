@@ -83,14 +83,40 @@ class _SafeLinks(markdown.treeprocessors.Treeprocessor):
                     del el.attrib[attr]
 
 
-def markdown_html(source: str) -> Markup:
-    """A Markdown field rendered with raw HTML shown as text and unsafe links dropped, as inert HTML."""
+def markdown_html(source: str, css: str = "cb-notes") -> Markup:
+    """A Markdown field rendered with raw HTML shown as text and unsafe links dropped, as inert HTML in a <div> of
+    class `css`."""
     md = markdown.Markdown(extensions=["tables", "fenced_code", "sane_lists"])
     md.preprocessors.deregister("html_block")
     md.inlinePatterns.deregister("html")
     md.treeprocessors.register(_SafeLinks(md), "casebook_safe_links", 0)
     rendered = md.convert(lists_apart(unfold_lists(source)))
-    return Markup(f'<div class="cb-notes">\n{inert(rendered)}\n</div>')
+    return Markup(f'<div class="{css}">\n{inert(rendered)}\n</div>')
+
+
+_HEADING = re.compile(r"^(#{2,6})[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def markdown_sections(source: str) -> list[tuple[int, str, Markup]]:
+    """A long Markdown document (a case's notebook) cut at its headings (## to ######, outside fenced code), each
+    section rendered as `markdown_html` renders a field: [(level, heading, html)], level 0 and no heading for what
+    precedes the first. The headings go on the page as headings of its own (escaped by `esc`), so the site's
+    table of contents and permalinks reach them."""
+    cut: list[tuple[int, str, list[str]]] = [(0, "", [])]
+    fence = ""
+    for line in source.splitlines():
+        m = _FENCE.match(line)
+        if m and not fence:
+            fence = m.group(1)
+        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+            fence = ""
+        elif not fence and (h := _HEADING.match(line)):
+            cut.append((len(h.group(1)), h.group(2), []))
+            continue
+        cut[-1][2].append(line)
+    return [(level, heading, markdown_html("\n".join(lines), "cb-notebook")) for level, heading, lines in cut
+            if heading or any(line.strip() for line in lines)]
 
 
 def inert(rendered_html: str) -> str:
