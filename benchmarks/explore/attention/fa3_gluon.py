@@ -48,7 +48,7 @@ def _inputs(shape):
 
 
 def one(shape, timed: bool) -> dict:
-    """In a child: the kernel's error (against float64 for the small shapes, SDPA's flash backend for the large)
+    """In a child: the kernel's error (against float64 for the small shapes, SDPA for the large)
     and, where `timed`, each rung's median time in us (do_bench, L2 flushed)."""
     import torch
     from triton.testing import do_bench
@@ -62,8 +62,8 @@ def one(shape, timed: bool) -> dict:
     out: dict = {}
     for overlap in (True, False):
         got = fa.forward(q, k, v, causal, overlap=overlap).double()
-        if timed:
-            want = ac.sdpa(q, k, v, causal, "flash").double()
+        if timed:  # SDPA under its own dispatch (the flash backend refuses the lower-right mask of S_q < S_kv)
+            want = ac.sdpa(q, k, v, causal, None).double()
         else:
             want = ac.reference(q, k, v, causal).double()
         rows = ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)).max().item()
