@@ -242,9 +242,12 @@ def timing_schedule(device: str, protocol: Protocol, input_sets: int = 1, *, obs
     while True:
         reps.extend((yield from sample(batch, observe)))
         times = [t for t, late in reps if not late]
-        if not times:  # not one repetition on time: a call that waits on the device (`.item()`, a copy to the
-            times = [t for t, _ in reps]  # host), whose time holds the host's; judged as it will be kept, so that
-        enough = len(times) >= protocol.min_reps  # it stops when stable, not at the cap (Liger's cross-entropy)
+        # Not one repetition on time: a call that waits on the device (`.item()`, a copy to the host), whose time
+        # holds the host's. Judged on every repetition, as they will be kept, it stops once they are stable rather
+        # than at the cap (Liger's cross-entropy ran to it at every point).
+        if not times:
+            times = [t for t, _ in reps]
+        enough = len(times) >= protocol.min_reps
         if ((enough and median_stable(times, protocol.target_ci) and spread_read(times, device))
                 or len(reps) >= protocol.max_reps
                 or (_perf_counter_ns() > cap and len(reps) >= protocol.min_reps)):
