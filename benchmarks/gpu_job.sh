@@ -25,10 +25,11 @@ if ls "$wheels"/*.whl > /dev/null 2>&1; then
     || echo "wheels: install failed"
 fi
 export CASEBOOK_CACHE=${CASEBOOK_CACHE:-/tmp/cbcache}
-step() {  # step NAME DEADLINE ARGS...: one gpu_session.sh entry with its own $OUT and deadline
-  local name=$1 deadline=$2
+step() {  # step NAME UNTIL ARGS...: one gpu_session.sh entry with its own $OUT, ending by UNTIL seconds from the
+          # job's start (gpu_session.sh's DEADLINE counts from its own)
+  local name=$1 until=$2
   shift 2
-  OUT="$out/$name" DEADLINE=$deadline bash benchmarks/gpu_session.sh "$@" 2>&1 \
+  OUT="$out/$name" DEADLINE=$((until - SECONDS)) bash benchmarks/gpu_session.sh "$@" 2>&1 \
     | grep -v -E '^(total [0-9]+|[-d][-rwx]{9} )' | sed "s/^/$name: /"
 }
 if [ "${TESTS:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-tests ]; then
@@ -54,5 +55,5 @@ for name in ${FORCE-transpose attention_paged attention_prefix}; do
   touch "/tmp/.gpu-job-forced-$name"
   CASES="cases/$name.yaml" BOOK_FLAGS=--force PACK=0 RESULTS=/tmp/cbresults step "forced-$name" $((end - 20)) book
 done
-step cache 0 pack
+step cache "$end" pack
 echo "job: $SECONDS s"
