@@ -22,7 +22,7 @@ Shapes: q [B, H, S_q, d], k and v [B, H_kv, S_kv, d], contiguous; d 64 or 128; S
 (the tiles are 2-D TMA boxes over [rows, d] views, so a box must not cross into the next head); causal with
 the queries at the end of the keys. Gluon has no interpreter: the kernel runs on sm_90 alone, and is checked
 here by lowering it for sm_90a (`compile_for_sm90`). Written for Triton 3.6 (the H200 image's), lowering with
-3.9 as well, through gluon_hopper's aliases (as gemm_pingpong is).
+3.9 as well, through gluon_hopper's aliases.
 """
 
 from __future__ import annotations
