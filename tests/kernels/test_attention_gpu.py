@@ -1,6 +1,7 @@
 """attention_prefill and attention_decode on a GPU, compiled: every rung against float64 at ragged, GQA and
 seq_q < seq_kv shapes (the autotuned tiles, TMA and warp specialisation as the GPU builds them), and the fused
-combine's arrival counters over many launches (on a GPU any split may arrive last). Skipped without CUDA; run
+combine's arrival counters over many launches (on a GPU any split may arrive last); the Gluon FA3-style forward
+(attention_fa3, on Hopper alone) the same way. Skipped without CUDA; run
 with `python3 -m pytest -q tests/kernels/test_attention_gpu.py` (no TRITON_INTERPRET)."""
 
 from __future__ import annotations
@@ -74,6 +75,35 @@ def test_decode_rung_on_gpu(fn, shape):
     from casebook.kernels import attention_decode as mod
 
     _run(mod, fn, shape, ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim"), "bf16")
+
+
+FA3 = [(1, 32, 8, 1024, 1024, 128, 2), (2, 16, 16, 768, 768, 64, 1), (1, 32, 4, 384, 2048, 128, 2),
+       (2, 8, 8, 256, 640, 64, 2), (1, 32, 8, 4096, 4096, 128, 2)]
+"""attention_fa3's shapes: whole 128-query and 128-key tiles (its TMA boxes), GQA, S_q < S_kv, d 64 and 128."""
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("shape", FA3, ids=["x".join(map(str, s)) for s in FA3])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in-series"])
+def test_fa3_forward_on_gpu(overlap, shape, dtype):
+    """The Gluon FA3-style forward (not yet a rung: benchmarks/explore/attention/fa3_gluon.py times it) against
+    float64 as the run judges a rung, on Hopper alone."""
+    from casebook.kernels import attention_fa3 as fa
+    from casebook.kernels import attention_prefill as mod
+
+    def forward(q, k, v, causal):
+        if (why := fa.unsupported(q, k, v, causal)) is not None:
+            raise NotImplementedError(why)
+        return fa.forward(q, k, v, causal, overlap=overlap)
+
+    forward.__name__ = "fa3"
+    keys = ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "mask")
+    try:
+        c = check(forward, mod.reference, mod.make_inputs, dict(zip(keys, shape)), dtype, "cuda", [11, 12])
+    except NotImplementedError as e:
+        pytest.skip(str(e))
+    assert c.correct, c.error
+    assert c.max_rel_err <= TOLERANCE[dtype]
 
 
 def test_fused_combine_holds_over_many_launches():
