@@ -169,8 +169,11 @@ def test_new_scaffolds_a_case_that_validates(cli, book):
     result = cli("new", "scaled_add")
     assert result.exit_code == 0, result.output
     case, kernel = book / "cases" / "scaled_add.yaml", book / "casebook" / "kernels" / "scaled_add.py"
+    notebook = book / "notes" / "scaled_add.md"
     assert case.read_text().startswith("# yaml-language-server: $schema=../docs/schema/case.schema.json\n")
-    assert "{{" not in case.read_text() + kernel.read_text()
+    assert "{{" not in case.read_text() + kernel.read_text() + notebook.read_text()
+    assert notebook.read_text().startswith("# scaled_add: the floors, the predictions")
+    assert "## The two floors" in notebook.read_text() and "notes/scaled_add.md" in result.output
     assert cli("validate", case).exit_code == 0
     check = cli("check", "cases/scaled_add.yaml")  # nothing but the missing results: every variant has a CPU check path
     assert check.exit_code == 2
@@ -186,6 +189,10 @@ def test_new_refuses_to_overwrite(cli, book):
     assert "already exists; nothing written" in result.output
     assert (book / "cases" / "taken.yaml").read_text() == "mine\n"
     assert not (book / "casebook" / "kernels" / "taken.py").exists()
+    (book / "notes").mkdir()
+    (book / "notes" / "family.md").write_text("a family's notebook\n")
+    assert cli("new", "family").exit_code == 2  # a notebook of that name is not overwritten either
+    assert (book / "notes" / "family.md").read_text() == "a family's notebook\n"
 
 
 @pytest.mark.parametrize("name", ["ScaledAdd", "scaled-add", "1st_case", "_private", "a" * 65, "../escape", "lambda"])

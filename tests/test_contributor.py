@@ -307,9 +307,10 @@ def test_a_contributor_adds_a_case(book: Path):
 
     case_file, kernel_file = book / "cases" / f"{CASE}.yaml", book / "casebook" / "kernels" / f"{CASE}.py"
 
-    # 1. The scaffold: two files that validate as they stand.
+    # 1. The scaffold: a case and a kernel module that validate as they stand, and the case's notebook.
     new = step("new", "new", CASE)
-    assert case_file.is_file() and kernel_file.is_file(), new.stdout
+    notebook = book / "notes" / f"{CASE}.md"
+    assert case_file.is_file() and kernel_file.is_file() and notebook.is_file(), new.stdout
     assert "validates" in new.stdout
 
     # 2. The contributor replaces both with a real kernel, and validates.
@@ -351,14 +352,15 @@ def test_a_contributor_adds_a_case(book: Path):
     for index in ("browse/pattern", "browse/operator", "browse/bottleneck", "browse/transfers", "cases"):
         html = (site / index / "index.html").read_text()
         assert f"{CASE}/" in html, f"{index} does not link the new case"
+    assert (site / "notebooks" / CASE / "index.html").is_file() and f"notebooks/{CASE}/" in page
     operator = (site / "browse" / "operator" / "index.html").read_text()
     assert "rmsnorm" in operator
     search = json.loads((site / "search" / "search_index.json").read_text())
     assert any(d["location"].startswith(f"cases/{CASE}/") for d in search["docs"])
     assert any("Fused RMSNorm" in d["title"] + d["text"] for d in search["docs"])
 
-    # 6. The pull request touches the case, its kernel module and its result, and nothing else.
+    # 6. The pull request touches the case, its kernel module, its notebook and its result, and nothing else.
     changed = [line[3:] for line in _git(book, "status", "--porcelain", "--untracked-files=all").splitlines()]
-    assert sorted(changed) == sorted([f"cases/{CASE}.yaml", f"casebook/kernels/{CASE}.py",
+    assert sorted(changed) == sorted([f"cases/{CASE}.yaml", f"casebook/kernels/{CASE}.py", f"notes/{CASE}.md",
                                       stored.relative_to(book).as_posix()]), changed
     print("steps (s):", {k: round(v, 1) for k, v in steps.items()})

@@ -1,4 +1,5 @@
-"""`casebook new NAME`: scaffold cases/NAME.yaml and casebook/kernels/NAME.py from the package templates."""
+"""`casebook new NAME`: scaffold cases/NAME.yaml, casebook/kernels/NAME.py and the case's notebook notes/NAME.md from
+the package templates."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 def main(name: str, root: Path = Path(".")) -> int:
-    """Write the two files under the book at `root`, refusing to overwrite; 0 when they validate."""
+    """Write the three files under the book at `root`, refusing to overwrite; 0 when the case validates."""
     from casebook.commands.validate import print_problems
     from casebook.validate import validate
 
@@ -29,21 +30,25 @@ def main(name: str, root: Path = Path(".")) -> int:
                        style="red"))
         return 2
     case_path, kernel_path = root / "cases" / f"{name}.yaml", kernels / f"{name}.py"
-    taken = [p for p in (case_path, kernel_path) if p.exists()]
+    notebook_path = root / "notes" / f"{name}.md"
+    taken = [p for p in (case_path, kernel_path, notebook_path) if p.exists()]
     if taken:
         out.print(Text(f"{', '.join(map(str, taken))} already exist{'s' * (len(taken) == 1)}; nothing written",
                        style="red"))
         return 2
     case_path.parent.mkdir(exist_ok=True)
-    for path, template in ((kernel_path, "kernel.py.tmpl"), (case_path, "case.yaml.tmpl")):
+    notebook_path.parent.mkdir(exist_ok=True)
+    for path, template in ((kernel_path, "kernel.py.tmpl"), (case_path, "case.yaml.tmpl"),
+                           (notebook_path, "notebook.md.tmpl")):
         path.write_text(render(template, name), encoding="utf-8")
         out.print(Text(f"wrote {path}"))
     report = validate([case_path])
     print_problems(report.problems, out)
     if report.errors:
         return 2
-    out.print(Text(f"{case_path} validates. Next: edit both files, `casebook validate {case_path}`, "
-                   f"then `casebook run {case_path}`.", style="green"))
+    out.print(Text(f"{case_path} validates. Next: edit the case and its kernel, write the floors and your "
+                   f"predictions in {notebook_path}, `casebook validate {case_path}`, then `casebook run {case_path}`.",
+                   style="green"))
     return 0
 
 
