@@ -7,11 +7,11 @@ under the other's GEMMs, and (OVERLAP) its own P V still running while it takes 
 
 Predicted (written before any run): correct to bf16's rounding at every shape (normwise error under 1%, as the
 Triton rungs); at 4 x 32 (8 KV) x 4096 x 128, causal, 520-600 TFLOP/s with OVERLAP (the Triton TMA rung's 463
-plus the softmax's share of a tile, ~20-25% of it, hidden), 480-540 without; non-causal 560-650. If it is no
-faster than the Triton TMA rung, the softmax is not what was exposed: the loads (2 stages of 32 KB K and V for
-two groups; the run times 3 stages too) are next, then the causal tail (the longest query blocks first, one
-program per block, no persistence). A hang is a barrier's phase that is wrong: each shape runs in a child with
-a time limit.
+plus the softmax's exposed share hidden: the exponentials alone are about half the GEMMs' time at d = 128),
+480-540 without; non-causal 560-650. If it is no faster than the Triton TMA rung, the softmax is not what was
+exposed: the loads (2 stages of 32 KB K and V for two groups; the run times 3 stages too) are next, then the
+causal tail (the longest query blocks first, one program per block, no persistence). A hang is a barrier's
+phase that is wrong: each shape runs in a child with a time limit.
 
     python3 benchmarks/explore/attention/fa3_gluon.py            # GPU: checks, then times, every shape
     python3 benchmarks/explore/attention/fa3_gluon.py --lower    # any machine: what sm_90a lowering gives
