@@ -225,9 +225,14 @@ def unsupported(q, k, v, causal: bool) -> str | None:
         return "the FA3-style kernel needs a Hopper (sm_90) GPU: wgmma and setmaxnreg exist only there"
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"the FA3-style kernel takes fp16 or bf16, got {q.dtype}"
-    (b, h, sq, d), (bk, hkv, skv, dk) = q.shape, k.shape
-    if bk != b or dk != d or h % hkv or v.shape != k.shape:
-        return f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: not one attention's operands"
+    from casebook.kernels.attention_common import dims
+
+    try:
+        _, _, _, sq, skv, d = dims(q, k)
+    except ValueError as e:
+        return str(e)
+    if v.shape != k.shape:
+        return f"k {tuple(k.shape)} and v {tuple(v.shape)}: one shape"
     if d not in HEAD_DIMS:
         return f"the FA3-style kernel takes head_dim {HEAD_DIMS}, got {d}"
     if sq % BLOCK_M or skv % BLOCK_N:
