@@ -5,15 +5,18 @@
 # - The wheels the image lacks (pydantic, liger-kernel, nvidia-ml-py), carried in $WHEELS (default .whl, an
 #   ignored folder named in the call's carry; fill it here with ../shared/device/fetch-wheels pydantic and
 #   `pip download --no-deps liger-kernel nvidia-ml-py`), installed without an index.
-# - Once a machine (TESTS=0: never): the GPU-only tests, then the explorations waiting for a GPU (EXPLORE), and
-#   with BOUND=1 the ncu readings of which resource binds (`gpu_session.sh bound`), each under its own deadline
-#   (TESTS_S, EXPLORE_S, BOUND_S seconds).
-# - Then the book (`gpu_session.sh book`) until END seconds from the start, its results kept outside the copy
-#   (/tmp/cbresults), so the next job on the same warm machine leaves alone what this one stored. ORDER: the
-#   cases first in line (the ones without a current result on this machine measure first); the rest follow
-#   by --all, which leaves current ones alone.
-# - With more than FORCE_MIN_S seconds left: FORCE's cases measured again (--force), each once a machine: a
-#   stored result that ran picks this machine should not have had (an earlier machine's autotuning).
+# - Once a machine: the explorations waiting for a GPU (EXPLORE, under EXPLORE_S seconds; EXPLORE= none), and with
+#   BOUND=1 the ncu readings of which resource binds (`gpu_session.sh bound`, BOUND_S).
+# - On the machine the claims name (nvidia-h200): the book (`gpu_session.sh book`) until END seconds from the
+#   start, its results kept outside the copy (/tmp/cbresults), so the next job on the same warm machine leaves
+#   alone what this one stored. ORDER: the cases first in line (the ones without a current result on this
+#   machine measure first); the rest follow by --all, which leaves current ones alone. Then, with more than
+#   FORCE_MIN_S seconds left, FORCE's cases measured again (--force), each once a machine: a stored result that
+#   ran picks this machine should not have had (an earlier machine's autotuning). Then, once a machine and with
+#   more than TESTS_MIN_S seconds left, the GPU-only tests (TESTS=0: never).
+# - On any other card (a call for an H200 may get an H100): no book, whose claims name the H200; the GPU-only
+#   tests instead, once a machine (they judge correctness, which any Hopper card shows), and BOOK_ANY=1 runs the
+#   book there too.
 # Each step's files come back as $OUT/<step>/results.tgz (results/, logs/, the kept runs); the compile cache as
 # $OUT/cache/cache.tgz*, to carry into the next fresh machine as .cbcache-in/cache.tgz*.
 set -uo pipefail
@@ -32,17 +35,29 @@ step() {  # step NAME UNTIL ARGS...: one gpu_session.sh entry with its own $OUT,
   OUT="$out/$name" DEADLINE=$((until - SECONDS)) bash benchmarks/gpu_session.sh "$@" 2>&1 \
     | grep -v -E '^(total [0-9]+|[-d][-rwx]{9} )' | sed "s/^/$name: /"
 }
-if [ "${TESTS:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-tests ]; then
-  touch /tmp/.gpu-job-tests
-  step tests "${TESTS_S:-290}" gpu-tests
-  EXPLORE=${EXPLORE-attention/fa3_gluon.py decode_chain/gemv_tiles.py} step explore $((SECONDS + ${EXPLORE_S:-200})) explore
+if [ ! -e /tmp/.gpu-job-explored ]; then
+  touch /tmp/.gpu-job-explored
+  EXPLORE=${EXPLORE-attention/fa3_gluon.py attention/decode_splits.py norm_backward/wide_rows.py decode_chain/gemv_tiles.py}
+  until=$((SECONDS + ${EXPLORE_S:-300})); [ $until -gt $((end - 60)) ] && until=$((end - 60))
+  [ -n "$EXPLORE" ] && EXPLORE=$EXPLORE step explore $until explore
   [ "${BOUND:-0}" = 1 ] && step bound $((SECONDS + ${BOUND_S:-200})) bound
 fi
+tests() {  # the GPU-only tests, once a machine, until the job's end
+  [ "${TESTS:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-tests ] && [ $SECONDS -lt $((end - ${TESTS_MIN_S:-150})) ] || return 0
+  touch /tmp/.gpu-job-tests
+  step tests $((end - 20)) gpu-tests
+}
 slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().slug)' 2>/dev/null)
+echo "job: on $slug"
 if [ "$slug" = nvidia-h200 ]; then
   order=${ORDER-attention_decode linear_cross_entropy gemm_tiled gemm_epilogue gemm_grouped decode_chain}
-else
+elif [ "${BOOK_ANY:-0}" = 1 ]; then
   order=${ORDER-}
+else
+  tests
+  step cache "$end" pack
+  echo "job: $SECONDS s (no book on $slug: BOOK_ANY=1 runs it)"
+  exit 0
 fi
 cases=""
 for name in $order; do cases="$cases cases/$name.yaml"; done
@@ -55,5 +70,6 @@ for name in ${FORCE-transpose attention_paged attention_prefix}; do
   touch "/tmp/.gpu-job-forced-$name"
   CASES="cases/$name.yaml" BOOK_FLAGS=--force PACK=0 RESULTS=/tmp/cbresults step "forced-$name" $((end - 20)) book
 done
+tests
 step cache "$end" pack
 echo "job: $SECONDS s"

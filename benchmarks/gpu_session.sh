@@ -46,7 +46,9 @@ sync_git() {  # the copy's git metadata brought to the commit its files are: the
   [ -f .cbcache-in/head.bundle ] || return 0
   local head
   head=$(git bundle list-heads .cbcache-in/head.bundle | awk 'NR == 1 {print $1}')
-  if git fetch -q .cbcache-in/head.bundle 2>/dev/null && git reset -q "$head"; then
+  # only forward: run where the copy's commit is already the bundle's or later (a dry run here), it moves nothing
+  if git fetch -q .cbcache-in/head.bundle 2>/dev/null && git merge-base --is-ancestor HEAD "$head" \
+    && git reset -q "$head"; then
     echo "git: at ${head:0:12}; measured files changed since: $(git status --porcelain --untracked-files=no -- \
       casebook cases pyproject.toml | wc -l)"
   else
