@@ -33,6 +33,9 @@ mkdir -p "$out/results" "$out/logs"
 # CASEBOOK_CACHE may name a folder outside $OUT, so that consecutive calls on one warm machine share the
 # measured ceilings and the compiled kernels; the kept runs come back either way.
 export CASEBOOK_CACHE="${CASEBOOK_CACHE:-$out/cache}" PYTHONUNBUFFERED=1
+# The copy's casebook importable from every script (the image does not install it): an exploration runs as
+# `python3 benchmarks/explore/<case>/<script>.py`, whose own folder, not the copy's root, starts its path
+case ":${PYTHONPATH:-}:" in *":$PWD:"*) ;; *) export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ;; esac
 # Bytecode compiled once, here: the image writes none (PYTHONDONTWRITEBYTECODE, which the run's children inherit
 # as -B), and each child compiled casebook and the carried wheels from source, 2.5 s a child on an H200 host
 python3 -m compileall -q -j 0 casebook $(tr ':' '\n' <<< "${PYTHONPATH:-}" | grep -vx "$PWD") > /dev/null 2>&1 || true
