@@ -37,7 +37,7 @@ step() {  # step NAME UNTIL ARGS...: one gpu_session.sh entry with its own $OUT,
 }
 if [ ! -e /tmp/.gpu-job-explored ]; then
   touch /tmp/.gpu-job-explored
-  EXPLORE=${EXPLORE-attention/fa3_gluon.py attention/decode_splits.py norm_backward/wide_rows.py decode_chain/gemv_tiles.py}
+  EXPLORE=${EXPLORE-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py}
   until=$((SECONDS + ${EXPLORE_S:-300})); [ $until -gt $((end - 60)) ] && until=$((end - 60))
   [ -n "$EXPLORE" ] && EXPLORE=$EXPLORE step explore $until explore
   [ "${BOUND:-0}" = 1 ] && step bound $((SECONDS + ${BOUND_S:-200})) bound
@@ -50,7 +50,7 @@ tests() {  # the GPU-only tests, once a machine, until the job's end
 slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().slug)' 2>/dev/null)
 echo "job: on $slug"
 if [ "$slug" = nvidia-h200 ]; then
-  order=${ORDER-attention_decode linear_cross_entropy gemm_tiled gemm_epilogue gemm_grouped decode_chain}
+  order=${ORDER-attention_decode linear_cross_entropy attention_prefill gemm_tiled gemm_epilogue gemm_grouped decode_chain}
 elif [ "${BOOK_ANY:-0}" = 1 ]; then
   order=${ORDER-}
 else
