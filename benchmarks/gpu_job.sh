@@ -37,7 +37,7 @@ step() {  # step NAME UNTIL ARGS...: one gpu_session.sh entry with its own $OUT,
 }
 if [ ! -e /tmp/.gpu-job-explored ]; then
   touch /tmp/.gpu-job-explored
-  EXPLORE=${EXPLORE-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py}
+  EXPLORE=${EXPLORE-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py attention/decode_splits.py:--tiles}
   until=$((SECONDS + ${EXPLORE_S:-300})); [ $until -gt $((end - 60)) ] && until=$((end - 60))
   [ -n "$EXPLORE" ] && EXPLORE=$EXPLORE step explore $until explore
   [ "${BOUND:-0}" = 1 ] && step bound $((SECONDS + ${BOUND_S:-200})) bound

@@ -206,18 +206,20 @@ case "${1:-}" in
     pack_cache ;;
   explore)  # the explorations that wait for a GPU, in one call: each script's timings (logs/explore_<name>.txt),
             # then, where ncu is installed, the DRAM and L2 counters of those that offer `--once`; EXPLORE names
-            # other scripts (paths under benchmarks/explore), DEADLINE as for `book`
+            # other scripts (paths under benchmarks/explore, a script's arguments after colons:
+            # attention/decode_splits.py:--tiles), DEADLINE as for `book`
     end=${DEADLINE:-560}
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
     metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
-    for script in ${EXPLORE:-cross_entropy/cluster.py norm_backward/wide_rows.py attention/decode_splits.py \
-                  decode_chain/gemv_tiles.py \
-                  rmsnorm/onepass_warps.py transpose/tma_boxes.py}; do
-      name=$(basename "$script" .py)
+    for entry in ${EXPLORE:-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py \
+                 attention/decode_splits.py:--tiles}; do
+      script=${entry%%:*}
+      args=(); [ "$entry" != "$script" ] && IFS=: read -r -a args <<< "${entry#*:}"
+      name=$(basename "$script" .py)$(printf '%s' "${args[@]}" | tr -c 'A-Za-z0-9_' '_')
       [ $SECONDS -lt $((end - 30)) ] || { echo "$name: not run (the call's time is spent)"; continue; }
-      timeout $((end - SECONDS)) python3 "benchmarks/explore/$script" > "$out/logs/explore_$name.txt" 2>&1
+      timeout $((end - SECONDS)) python3 "benchmarks/explore/$script" "${args[@]}" > "$out/logs/explore_$name.txt" 2>&1
       echo "$name: exit $?"; tail -4 "$out/logs/explore_$name.txt"
     done
     if [ -n "$ncu_bin" ]; then

@@ -18,15 +18,31 @@ Each time is given twice, `issued / graph`: `do_bench` (L2 flushed, each call is
 an H100, timed the issued calls alone, and at batch 1 they measured the host: SDPA took 22-63 us for 2-33 MB
 of cache, unordered by context, and every count of the Triton rung 18-81 us (notes/attention_decode.md).
 
+Run on an H100 (graph-replayed, notes/attention_decode.md): no count reaches 0.95x SDPA at batch 1; the best is
+0.80-0.86x at 256-512 keys a split (16 splits at 8K, where the committed rule takes 32). So `--tiles` times the
+next suspects at the batch-1 shapes, each alone, at 8 and 16 splits: the tile (BLOCK_N 32-128), the warps (2-8)
+and the stages (2-5), forced on the kernel the autotuner otherwise picks among three configs; and the combine,
+fused into the last split to arrive (a serial tail: one program reads every split's partial) against its own
+second launch (`triton_split`'s). Predicted (written before the run): the tile is not the lever, every forced
+config within 5% of the autotuned one at 1 x 8K, since at 16 splits a program's 3 stages of 32 KB already keep
+more bytes in flight than the copy rate needs; and the separate combine no faster than the fused one, its second
+launch costing about what the serial tail does. If some config reaches 0.95x SDPA, the autotuner's three configs
+are what is missing and the case takes that config; if the separate combine is faster by more than 1 us, the
+fused tail is part of the 3 us the rung trails SDPA by at 1 x 8K.
+
     python3 benchmarks/explore/attention/decode_splits.py            # GPU: every level-2 shape
+    python3 benchmarks/explore/attention/decode_splits.py --tiles    # GPU: batch 1, the tile and the combine
     TRITON_INTERPRET=1 python3 benchmarks/explore/attention/decode_splits.py --check   # forced counts are exact
+    TRITON_INTERPRET=1 python3 benchmarks/explore/attention/decode_splits.py --check --tiles   # forced tiles too
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
+import triton
 
 from casebook.kernels import attention_common as ac
 from casebook.kernels import attention_decode as mod
@@ -42,14 +58,46 @@ def inputs(batch: int, context: int, device: str) -> dict:
     return mod.make_inputs(shape, torch.bfloat16, device, torch.Generator().manual_seed(0))
 
 
-def check() -> None:
-    """Every forced count against the float64 reference at a ragged context, under the interpreter."""
+def check(tiles: bool) -> None:
+    """Every forced count (and with `tiles` every forced tile, fused and not) against the float64 reference at a
+    ragged context, under the interpreter."""
     t = inputs(2, 300, "cpu")
     want = mod.reference(**t)
-    for n in (1, 2, 3, 8):
-        got = ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True)
-        err = ((got.double() - want).norm() / want.norm()).item()
-        print(f"splits {n}: normwise error {err:.1e} {'ok' if err < 1e-2 else 'WRONG'}")
+    runs = {f"splits {n}": (lambda n=n: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True))
+            for n in (1, 2, 3, 8)}
+    if tiles:  # the interpreter's splits are multiples of 16 keys, so its tile is 16 (the GPU's 32-128 divide 256)
+        runs.update({f"forced: splits {n}, fused {f}": (lambda n=n, f=f: forced(t, n, 16, 4, 1, f))
+                     for n in (1, 3, 8) for f in (True, False)})
+    for name, fn in runs.items():
+        err = ((fn().double() - want).norm() / want.norm()).item()
+        print(f"{name}: normwise error {err:.1e} {'ok' if err < 1e-2 else 'WRONG'}")
+
+
+def forced(t: dict, splits: int, block_n: int, warps: int, stages: int, fused: bool) -> torch.Tensor:
+    """`ac.decode_forward` at a forced split count, with the split kernel's tile, warps and stages forced too
+    (the autotuner bypassed), and the combine fused or as its own launch."""
+    q, k, v = t["q"], t["k"], t["v"]
+    b, h, hkv, sq, skv, d = ac.dims(q, k)
+    group = h // hkv
+    rows = max(16, triton.next_power_of_2(group * sq))
+    chunk = math.ceil(math.ceil(skv / splits) / ac.MIN_CHUNK) * ac.MIN_CHUNK
+    splits = math.ceil(skv / chunk)
+    if chunk % block_n:
+        raise ValueError(f"BLOCK_N {block_n} does not divide a split's {chunk} keys")
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    direct = splits == 1
+    lse = torch.empty(b * hkv * splits * rows, device=q.device, dtype=torch.float32)
+    part = torch.empty(b * hkv * splits * rows * d, device=q.device, dtype=torch.float32)
+    count = ac._counters(b * hkv, q.device) if fused else lse
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+    ac._decode_split[(b * hkv, splits)](q, k, v, o, lse, part, count, d**-0.5 * ac.LOG2E, hkv, group, sq, skv, chunk,
+                                        splits, *strides, ROWS=rows, HEAD_DIM=d, BLOCK_N=block_n,
+                                        UPCAST=not q.is_cuda, DIRECT=direct, FUSED=fused and not direct,
+                                        num_warps=warps, num_stages=stages)
+    if not direct and not fused:
+        ac._decode_combine[(b * hkv,)](lse, part, o, hkv, group, sq, splits, *o.stride()[:3], ROWS=rows,
+                                       HEAD_DIM=d, num_warps=4)
+    return o
 
 
 def _times(fn) -> tuple[float, float]:
@@ -77,5 +125,33 @@ def sweep() -> None:
             print("  ".join(line), flush=True)
 
 
+def tiles() -> None:
+    """Batch 1, 2K-8K: at 8 and 16 splits, the autotuned rung, then one axis at a time from (64, 4 warps, 3
+    stages), then the combine as its own launch at (64, 4, 3); graph-replayed, us."""
+    from triton.testing import do_bench_cudagraph
+
+    axes = [(bn, 4, 3) for bn in (32, 128)] + [(64, w, 3) for w in (2, 8)] + [(64, 4, st) for st in (2, 4, 5)]
+    for context in CONTEXTS[1:]:
+        t = inputs(1, context, "cuda")
+        sdpa = do_bench_cudagraph(lambda: mod.sdpa(**t), rep=100) * 1e3
+        for n in (8, 16):
+            if context // n < ac.MIN_CHUNK:
+                continue
+            tuned = do_bench_cudagraph(lambda: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True),
+                                       rep=100) * 1e3
+            line = [f"1 x {context:5d}, {n:2d} splits: SDPA {sdpa:.1f} us; autotuned {tuned:.1f} ({sdpa / tuned:.2f}x)"]
+            for fused in (True, False):
+                for bn, w, st in [(64, 4, 3)] + (axes if fused else []):
+                    try:
+                        us = do_bench_cudagraph(lambda: forced(t, n, bn, w, st, fused), rep=100) * 1e3
+                        line.append(f"{'fused' if fused else 'separate'} {bn}/{w}w/{st}st {us:.1f} ({sdpa / us:.2f}x)")
+                    except Exception as e:  # a config the GPU cannot hold (shared memory)
+                        line.append(f"{bn}/{w}w/{st}st: {type(e).__name__}")
+            print("\n    ".join(line), flush=True)
+
+
 if __name__ == "__main__":
-    check() if "--check" in sys.argv else sweep()
+    if "--check" in sys.argv:
+        check("--tiles" in sys.argv)
+    else:
+        tiles() if "--tiles" in sys.argv else sweep()
