@@ -38,7 +38,6 @@ fused tail is part of the 3 us the rung trails SDPA by at 1 x 8K.
 
 from __future__ import annotations
 
-import math
 import sys
 
 import torch
@@ -74,30 +73,14 @@ def check(tiles: bool) -> None:
 
 
 def forced(t: dict, splits: int, block_n: int, warps: int, stages: int, fused: bool) -> torch.Tensor:
-    """`ac.decode_forward` at a forced split count, with the split kernel's tile, warps and stages forced too
-    (the autotuner bypassed), and the combine fused or as its own launch."""
-    q, k, v = t["q"], t["k"], t["v"]
-    b, h, hkv, sq, skv, d = ac.dims(q, k)
-    group = h // hkv
-    rows = max(16, triton.next_power_of_2(group * sq))
-    chunk = math.ceil(math.ceil(skv / splits) / ac.MIN_CHUNK) * ac.MIN_CHUNK
-    splits = math.ceil(skv / chunk)
-    if chunk % block_n:
-        raise ValueError(f"BLOCK_N {block_n} does not divide a split's {chunk} keys")
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    direct = splits == 1
-    lse = torch.empty(b * hkv * splits * rows, device=q.device, dtype=torch.float32)
-    part = torch.empty(b * hkv * splits * rows * d, device=q.device, dtype=torch.float32)
-    count = ac._counters(b * hkv, q.device) if fused else lse
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
-    ac._decode_split[(b * hkv, splits)](q, k, v, o, lse, part, count, d**-0.5 * ac.LOG2E, hkv, group, sq, skv, chunk,
-                                        splits, *strides, ROWS=rows, HEAD_DIM=d, BLOCK_N=block_n,
-                                        UPCAST=not q.is_cuda, DIRECT=direct, FUSED=fused and not direct,
-                                        num_warps=warps, num_stages=stages)
-    if not direct and not fused:
-        ac._decode_combine[(b * hkv,)](lse, part, o, hkv, group, sq, splits, *o.stride()[:3], ROWS=rows,
-                                       HEAD_DIM=d, num_warps=4)
-    return o
+    """`ac.decode_forward` at a forced split count, its split kernel held to one config (the autotuner given that
+    one alone, which it launches untimed, then its own list back), the combine fused or as its own launch."""
+    tuner = ac._decode_split_tuned
+    configs, tuner.configs = tuner.configs, [triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)]
+    try:
+        return ac.decode_forward(t["q"], t["k"], t["v"], True, splits=splits, fused=fused)
+    finally:
+        tuner.configs = configs
 
 
 def _times(fn) -> tuple[float, float]:
