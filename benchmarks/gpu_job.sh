@@ -5,8 +5,9 @@
 # - The wheels the image lacks (pydantic, liger-kernel, nvidia-ml-py), carried in $WHEELS (default .whl, an
 #   ignored folder named in the call's carry; fill it here with ../shared/device/fetch-wheels pydantic and
 #   `pip download --no-deps liger-kernel nvidia-ml-py`), installed without an index.
-# - Once a machine: the explorations waiting for a GPU (EXPLORE, under EXPLORE_S seconds; EXPLORE= none), and with
-#   BOUND=1 the ncu readings of which resource binds (`gpu_session.sh bound`, BOUND_S).
+# - Once a machine: the explorations waiting for a GPU (EXPLORE, default gpu_session.sh's list, under EXPLORE_S
+#   seconds; EXPLORE= none), and with BOUND=1 the ncu readings of which resource binds (`gpu_session.sh bound`,
+#   BOUND_S).
 # - On the machine the claims name (nvidia-h200): the book (`gpu_session.sh book`) until END seconds from the
 #   start, its results kept outside the copy (/tmp/cbresults), so the next job on the same warm machine leaves
 #   alone what this one stored. ORDER: the cases first in line (the ones without a current result on this
@@ -37,9 +38,8 @@ step() {  # step NAME UNTIL ARGS...: one gpu_session.sh entry with its own $OUT,
 }
 if [ ! -e /tmp/.gpu-job-explored ]; then
   touch /tmp/.gpu-job-explored
-  EXPLORE=${EXPLORE-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py attention/decode_splits.py:--tiles}
   until=$((SECONDS + ${EXPLORE_S:-300})); [ $until -gt $((end - 60)) ] && until=$((end - 60))
-  [ -n "$EXPLORE" ] && EXPLORE=$EXPLORE step explore $until explore
+  [ -n "${EXPLORE-default}" ] && step explore $until explore  # unset: gpu_session.sh's list
   [ "${BOUND:-0}" = 1 ] && step bound $((SECONDS + ${BOUND_S:-200})) bound
 fi
 tests() {  # the GPU-only tests, once a machine, until the job's end
