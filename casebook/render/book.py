@@ -157,8 +157,8 @@ def load_notebooks(notes_dir: Path) -> dict[str, Notebook]:
         why = refusal(path, notes_dir)
         if why is None and not _NOTEBOOK_NAME.fullmatch(path.stem):
             why = "has a name other than letters, digits, '_' and '-' (it becomes the notebook page's address)"
-        if why is None and path.stat().st_size > NOTEBOOK_BYTES:
-            why = f"is {path.stat().st_size} bytes, over the {NOTEBOOK_BYTES} a notebook may be"
+        if why is None and (size := path.stat().st_size) > NOTEBOOK_BYTES:
+            why = f"is {size} bytes, over the {NOTEBOOK_BYTES} a notebook may be"
         if why is not None:
             raise BookError(f"{path}: {why}")
         try:

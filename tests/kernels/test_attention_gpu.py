@@ -92,9 +92,7 @@ def test_fa3_forward_on_gpu(overlap, shape, dtype):
     from casebook.kernels import attention_fa3 as fa
     from casebook.kernels import attention_prefill as mod
 
-    def forward(q, k, v, causal):
-        if (why := fa.unsupported(q, k, v, causal)) is not None:
-            raise NotImplementedError(why)
+    def forward(q, k, v, causal):  # NotImplementedError, with attention_fa3.unsupported's reason, off Hopper
         return fa.forward(q, k, v, causal, overlap=overlap)
 
     forward.__name__ = "fa3"
