@@ -214,7 +214,7 @@ case "${1:-}" in
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
     metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
     for entry in ${EXPLORE:-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py \
-                 attention/decode_splits.py:--tiles}; do
+                 attention/decode_splits.py:--tiles cross_entropy/cluster_lean.py}; do
       script=${entry%%:*}
       args=(); [ "$entry" != "$script" ] && IFS=: read -r -a args <<< "${entry#*:}"
       name=$(basename "$script" .py)$(printf '%s' "${args[@]}" | tr -c 'A-Za-z0-9_' '_')
