@@ -213,19 +213,27 @@ case "${1:-}" in
     metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
     metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
+    # Each entry once a machine: one that ended (however it ended) is marked in /tmp, so the next call on the
+    # same warm machine goes on with the rest; one the call's time cut is not, and runs again from its start.
     for entry in ${EXPLORE:-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py \
-                 attention/decode_splits.py:--tiles cross_entropy/cluster_lean.py}; do
+                 attention/decode_splits.py:--tiles cross_entropy/cluster_lean.py \
+                 linear_cross_entropy/chunk_steps.py}; do
       script=${entry%%:*}
       args=(); [ "$entry" != "$script" ] && IFS=: read -r -a args <<< "${entry#*:}"
       name=$(basename "$script" .py)$(printf '%s' "${args[@]}" | tr -c 'A-Za-z0-9_' '_')
+      [ -e "/tmp/.explored-$name" ] && continue
       [ $SECONDS -lt $((end - 30)) ] || { echo "$name: not run (the call's time is spent)"; continue; }
       timeout $((end - SECONDS)) python3 "benchmarks/explore/$script" "${args[@]}" > "$out/logs/explore_$name.txt" 2>&1
-      echo "$name: exit $?"; tail -4 "$out/logs/explore_$name.txt"
+      code=$?
+      [ $code = 124 ] || touch "/tmp/.explored-$name"
+      echo "$name: exit $code"; tail -4 "$out/logs/explore_$name.txt"
     done
     if [ -n "$ncu_bin" ]; then
       for script in norm_backward/wide_rows.py rmsnorm/onepass_warps.py transpose/tma_boxes.py; do
         [ $SECONDS -lt $((end - 60)) ] || break
         name=$(basename "$script" .py)
+        [ -e "/tmp/.explored-ncu-$name" ] && continue
+        touch "/tmp/.explored-ncu-$name"
         timeout $((end - SECONDS)) "$ncu_bin" --clock-control none --metrics "$metrics" --csv \
           python3 "benchmarks/explore/$script" --once > "$out/logs/ncu_$name.csv" 2>&1
         echo "ncu $name: exit $?"
