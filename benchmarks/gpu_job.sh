@@ -6,8 +6,9 @@
 #   ignored folder named in the call's carry; fill it here with ../shared/device/fetch-wheels pydantic and
 #   `pip download --no-deps liger-kernel nvidia-ml-py`), installed without an index.
 # - The explorations waiting for a GPU (EXPLORE, default gpu_session.sh's list; EXPLORE= none), each once a
-#   machine, up to EXPLORE_S seconds a job: the next job on the same warm machine goes on with those left. With
-#   BOUND=1, once a machine, the ncu readings of which resource binds (`gpu_session.sh bound`, BOUND_S).
+#   machine, up to EXPLORE_S seconds a job: the next job on the same warm machine goes on with those left. Then,
+#   once a machine, the ncu readings of which resource binds (`gpu_session.sh bound`, up to BOUND_S seconds;
+#   BOUND=0: not), which issues 46 and 47 ask for: any Hopper card reads them.
 # - On the machine the claims name (nvidia-h200): the book (`gpu_session.sh book`) until END seconds from the
 #   start, its results kept outside the copy (/tmp/cbresults), so the next job on the same warm machine leaves
 #   alone what this one stored. ORDER: the cases first in line (the ones without a current result on this
@@ -38,14 +39,15 @@ step() {  # step NAME UNTIL ARGS...: one gpu_session.sh entry with its own $OUT,
   OUT="$out/$name" DEADLINE=$((until - SECONDS)) bash benchmarks/gpu_session.sh "$@" 2>&1 \
     | grep -v -E '^(total [0-9]+|[-d][-rwx]{9} )' | sed "s/^/$name: /"
 }
-explore() {  # the explorations not yet run on this machine, up to EXPLORE_S seconds; BOUND's readings once
+explore() {  # the explorations not yet run on this machine, up to EXPLORE_S seconds; the bound readings once
   local until=$((SECONDS + ${EXPLORE_S:-300}))
   [ $until -gt $((end - 60)) ] && until=$((end - 60))
   [ $SECONDS -lt $((until - 30)) ] || return 0
   [ -n "${EXPLORE-default}" ] && step explore $until explore  # unset: gpu_session.sh's list
-  if [ "${BOUND:-0}" = 1 ] && [ ! -e /tmp/.gpu-job-bound ]; then
+  until=$((SECONDS + ${BOUND_S:-200})); [ $until -gt $((end - 30)) ] && until=$((end - 30))
+  if [ "${BOUND:-1}" = 1 ] && [ ! -e /tmp/.gpu-job-bound ] && [ $SECONDS -lt $((until - 60)) ]; then
     touch /tmp/.gpu-job-bound
-    step bound $((SECONDS + ${BOUND_S:-200})) bound
+    step bound $until bound
   fi
 }
 tests() {  # the GPU-only tests, once a machine, until the job's end

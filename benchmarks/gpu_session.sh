@@ -217,7 +217,7 @@ case "${1:-}" in
     # same warm machine goes on with the rest; one the call's time cut is not, and runs again from its start.
     for entry in ${EXPLORE:-norm_backward/wide_rows.py decode_chain/gemv_tiles.py transpose/tma_turn.py \
                  attention/decode_splits.py:--tiles cross_entropy/cluster_lean.py \
-                 linear_cross_entropy/chunk_steps.py}; do
+                 linear_cross_entropy/chunk_steps.py attention/prefix_tiles.py}; do
       script=${entry%%:*}
       args=(); [ "$entry" != "$script" ] && IFS=: read -r -a args <<< "${entry#*:}"
       name=$(basename "$script" .py)$(printf '%s' "${args[@]}" | tr -c 'A-Za-z0-9_' '_')
