@@ -66,9 +66,9 @@ PREFETCH = [  # the dealer issues x_t's load as the row starts: in flight while 
     ("    const int te = (int)(t % EPV);  // the target's element in its vector\n",
      "    const int te = (int)(t % EPV);  // the target's element in its vector\n"
      "    float xt = 0.f;\n"
-     "    if (dealer && counted) {  // the word that holds x_t, one 4-byte load\n"
+     "    if (dealer && counted) {  // the 4-byte word that holds x_t (an element is 16 / EPV bytes)\n"
      "      const unsigned w ="
-     " reinterpret_cast<const unsigned*>(x)[((long long)row * row_vecs * EPV + t) / (8 / (EPV / 2))];\n"
+     " reinterpret_cast<const unsigned*>(x)[((long long)row * row_vecs * EPV + t) * 4 / EPV];\n"
      "      float f[EPV];\n"
      "      unpack<DT>(make_uint4(w, 0u, 0u, 0u), f);  // the word's one (fp32) or two elements\n"
      "      xt = DT != 0 && t % 2 ? f[1] : f[0];\n"
