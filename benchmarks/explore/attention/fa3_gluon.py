@@ -81,7 +81,7 @@ def one(shape, timed: bool) -> dict:
              "sdpa flash": lambda: ac.sdpa(q, k, v, causal, "flash")}
     for name, fn in rungs.items():
         try:
-            us = do_bench(fn, warmup=25, rep=200) * 1e3
+            us = do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
             out[name] = {"us": us, "tflops": flops / us / 1e6}
         except Exception as e:  # a backend this build lacks
             out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}

@@ -34,7 +34,7 @@ def main() -> None:
         for name, fn in fns.items():
             try:
                 err = rel(fn(), ref)
-                ms = triton.testing.do_bench(fn, warmup=50, rep=200)
+                ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
                 print(f"prefill {b}x{h}/{hkv}x{sq}x{skv}x{d} causal={causal} {name:14s} err {err:.2e} "
                       f"{ms * 1e3:8.1f} us {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
             except Exception as e:  # noqa: BLE001
@@ -53,7 +53,7 @@ def main() -> None:
         for name, fn in fns.items():
             try:
                 err = rel(fn(), ref)
-                ms = triton.testing.do_bench(fn, warmup=50, rep=200)
+                ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
                 print(f"decode {b}x{h}/{hkv}x{sq}x{skv}x{d} {name:8s} err {err:.2e} {ms * 1e3:8.1f} us "
                       f"{kv / ms / 1e6:6.0f} GB/s of KV", flush=True)
             except Exception as e:  # noqa: BLE001

@@ -124,7 +124,7 @@ def sweep(batch: int, hidden: int, device: str) -> None:
         if device != "cuda":  # the interpreter: correct or not, no time
             print(f"{batch} x {hidden} {name:34s} correct")
             return
-        us = do_bench(fn, warmup=25, rep=200) * 1e3
+        us = do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
         print(f"{batch} x {hidden} {name:34s} {us:8.1f} us  {layer_bytes / us / 1e6:5.2f} TB/s", flush=True)
 
     if device == "cuda":

@@ -58,7 +58,7 @@ def steps(chunk: int, t: dict) -> dict:
         "d hidden GEMM": lambda: torch.mm(logits, w, out=dh),
         "dW update": lambda: dw.addmm_(logits.T, hc),
     }
-    out = {name: do_bench(fn, warmup=10, rep=100) for name, fn in bench.items()}
+    out = {name: do_bench(fn, warmup=10, rep=100, return_mode="median") for name, fn in bench.items()}
     out["loss in place"] -= out["logits GEMM"]  # timed behind a fresh GEMM: the in-place pass overwrites logits
     return out
 
@@ -69,9 +69,9 @@ def whole(t: dict) -> dict:
 
     h, w = t["hidden"], t["weight"]
     logits = h @ w.T
-    return {"logits GEMM": do_bench(lambda: h @ w.T, warmup=5, rep=50),
-            "d hidden GEMM": do_bench(lambda: logits @ w, warmup=5, rep=50),
-            "dW GEMM": do_bench(lambda: logits.T @ h, warmup=5, rep=50)}
+    return {"logits GEMM": do_bench(lambda: h @ w.T, warmup=5, rep=50, return_mode="median"),
+            "d hidden GEMM": do_bench(lambda: logits @ w, warmup=5, rep=50, return_mode="median"),
+            "dW GEMM": do_bench(lambda: logits.T @ h, warmup=5, rep=50, return_mode="median")}
 
 
 def main() -> None:
@@ -95,7 +95,7 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         call = do_bench(lambda: m.chunked_triton(t["hidden"], t["weight"], t["target"], 0.0, chunk=c),
-                        warmup=2, rep=20)
+                        warmup=2, rep=20, return_mode="median")
         peak = (torch.cuda.max_memory_allocated() - base) / inputs
         print(f"chunk {c:5d}: {line}; the whole call {call:.2f} ms, {3 * flops / call / 1e9:.0f} TFLOP/s, peak "
               f"{peak:.2f}x the inputs above them", flush=True)

@@ -109,7 +109,7 @@ def sweep(kernels, width: int = 34) -> None:
                     continue
                 if once:  # under ncu: each kernel's counters (the turn's shared-memory bank conflicts), not times
                     continue
-                us = do_bench(fn) * 1e3
+                us = do_bench(fn, return_mode="median") * 1e3
                 print(f"  {label:{width}s} {us:8.1f} us  {moved / us / 1e6:5.2f} TB/s", flush=True)
             except Exception as e:  # noqa: BLE001 (an exploration: a box the hardware refuses is a finding too)
                 print(f"  {label:{width}s} {type(e).__name__}: {str(e)[:160]}")
