@@ -32,8 +32,8 @@ Predicted (notes/cross_entropy.md, before the run), bf16:
   that slows the kernel, or moves nothing while the kernel is 5% behind softmax, sends the search to the
   counters (the store path, the barriers), not to more arithmetic.
 
-Every lever's gradient and loss are checked against the committed kernel's (`owner` alone must match bit for
-bit: the same arithmetic on the same values) and against float64 on the first rows.
+Every lever's gradient and loss are checked against the committed kernel's (`owner` and `prefetch` must match it
+bit for bit: the same arithmetic on the same values) and against float64 on the first rows.
 
     python3 benchmarks/explore/cross_entropy/cluster_lean.py          (GPU: correctness, then do_bench)
     python3 benchmarks/explore/cross_entropy/cluster_lean.py --sass   (no GPU: each lever compiled for sm_90a,
