@@ -125,7 +125,8 @@ def one_shape(b: int, h: int, prefix: int, suffix: int) -> None:
         return (f"{us:7.1f} us (prefix pass {parts['_prefix_pass']:6.1f}, suffix {parts['_suffix_pass']:5.1f}), "
                 f"vs committed {err:.1e}{'  WRONG' if err > 1e-2 else ''}, pick {pick}")
 
-    print(f"{tag}: bytes floor {floor_us:.1f} us; committed (BLOCK_M {mod.BLOCK_M}): {run()}", flush=True)
+    print(f"{tag}: bytes floor at the H200's copy {floor_us:.1f} us; committed (BLOCK_M {mod.BLOCK_M}): {run()}",
+          flush=True)
     for bm in TILES:
         if bm > max(16, triton.next_power_of_2(rows)):
             continue
