@@ -76,7 +76,7 @@ SPLIT_RUNGS = ((8192, 16), (8192, 32), (4096, 16))
 """(slice, warps) of the split kernel, where a row holds at least two slices."""
 
 
-BSPLIT_RUNGS = ((8192, 16, False), (4096, 16, False), (4096, 16, True), (4096, 8, True))
+BSPLIT_RUNGS = ((8192, 16, False), (8192, 16, True), (4096, 16, False), (4096, 16, True), (4096, 8, True))
 """(slice, warps, prefetch) of the barrier split, where a row holds at least two slices."""
 
 
