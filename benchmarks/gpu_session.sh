@@ -232,10 +232,11 @@ case "${1:-}" in
         [ $SECONDS -lt $((end - 60)) ] || break
         name=$(basename "$script" .py)
         [ -e "/tmp/.explored-ncu-$name" ] && continue
-        touch "/tmp/.explored-ncu-$name"
         timeout $((end - SECONDS)) "$ncu_bin" --clock-control none --metrics "$metrics" --csv \
           python3 "benchmarks/explore/$script" --once > "$out/logs/ncu_$name.csv" 2>&1
-        echo "ncu $name: exit $?"
+        code=$?
+        [ $code = 124 ] || touch "/tmp/.explored-ncu-$name"  # as above: one the call's time cut runs again
+        echo "ncu $name: exit $code"
       done
     fi ;;
   bound)  # which resource binds the kernels the issues name, under ncu (benchmarks/bound.sh), as time allows: the

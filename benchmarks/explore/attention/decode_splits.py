@@ -83,12 +83,18 @@ def forced(t: dict, splits: int, block_n: int, warps: int, stages: int, fused: b
         tuner.configs = configs
 
 
-def _times(fn) -> tuple[float, float]:
-    """(issued, graph) in us: `do_bench` with the L2 flushed, and `do_bench_cudagraph` (no host in the time)."""
-    from triton.testing import do_bench, do_bench_cudagraph
+def _graph_us(fn) -> float:
+    """`do_bench_cudagraph`'s median in us: the call replayed from a CUDA graph, no host in the time."""
+    from triton.testing import do_bench_cudagraph
 
-    return (do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3,
-            do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3)
+    return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+
+
+def _times(fn) -> tuple[float, float]:
+    """(issued, graph) in us: `do_bench` with the L2 flushed, and `_graph_us`."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3, _graph_us(fn)
 
 
 def sweep() -> None:
@@ -112,23 +118,19 @@ def sweep() -> None:
 def tiles() -> None:
     """Batch 1, 2K-8K: at 8 and 16 splits, the autotuned rung, then one axis at a time from (64, 4 warps, 3
     stages), then the combine as its own launch at (64, 4, 3); graph-replayed, us."""
-    from triton.testing import do_bench_cudagraph
-
     axes = [(bn, 4, 3) for bn in (32, 128)] + [(64, w, 3) for w in (2, 8)] + [(64, 4, st) for st in (2, 4, 5)]
     for context in CONTEXTS[1:]:
         t = inputs(1, context, "cuda")
-        sdpa = do_bench_cudagraph(lambda: mod.sdpa(**t), rep=100, return_mode="median") * 1e3
+        sdpa = _graph_us(lambda: mod.sdpa(**t))
         for n in (8, 16):
             if context // n < ac.MIN_CHUNK:
                 continue
-            tuned = do_bench_cudagraph(lambda: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True),
-                                       rep=100, return_mode="median") * 1e3
+            tuned = _graph_us(lambda: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True))
             line = [f"1 x {context:5d}, {n:2d} splits: SDPA {sdpa:.1f} us; autotuned {tuned:.1f} ({sdpa / tuned:.2f}x)"]
             for fused in (True, False):
                 for bn, w, st in [(64, 4, 3)] + (axes if fused else []):
                     try:
-                        us = do_bench_cudagraph(lambda: forced(t, n, bn, w, st, fused), rep=100,
-                                                return_mode="median") * 1e3
+                        us = _graph_us(lambda: forced(t, n, bn, w, st, fused))
                         line.append(f"{'fused' if fused else 'separate'} {bn}/{w}w/{st}st {us:.1f} ({sdpa / us:.2f}x)")
                     except Exception as e:  # a config the GPU cannot hold (shared memory)
                         line.append(f"{bn}/{w}w/{st}st: {type(e).__name__}")
