@@ -244,6 +244,7 @@ case "${1:-}" in
           # and batch-1 decode at 8K, SDPA's kernels beside the fused split's (the gap neither tile nor combine is)
     end=${DEADLINE:-560}
     while read -r module fn shape; do
+      [[ "$module.$fn" =~ ${BOUND_ONLY:-.} ]] || continue  # BOUND_ONLY: a regex of module.fn, those read (default all)
       [ $SECONDS -lt $((end - 60)) ] || { echo "$module.$fn: not run (the call's time is spent)"; continue; }
       BOUND_S=$((end - SECONDS)) bash benchmarks/bound.sh "$out/logs/bound" "$module" "$fn" "$shape"
     done <<'LIST'
