@@ -258,51 +258,9 @@ INTERPRETER_BLOCK = 1024
 span several chunks and end in a masked tail."""
 
 
-@triton.jit
-def _count_kernel(target_ptr, n_valid_ptr, n, IGNORE: tl.constexpr, BLOCK: tl.constexpr):
-    # One program: the rows that count, as the int32 the kernels scale by.
-    acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        acc += (tl.load(target_ptr + offs, mask=offs < n, other=IGNORE) != IGNORE).to(tl.int32)
-    tl.store(n_valid_ptr, tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _mean_kernel(losses_ptr, n_valid_ptr, mean_ptr, n, BLOCK: tl.constexpr):
-    # One program: the rows' losses summed in fp32 and divided by the count.
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        acc += tl.load(losses_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(mean_ptr, tl.sum(acc, axis=0) / tl.load(n_valid_ptr).to(tl.float32))
-
-
-SMALL_BLOCK = 1024
-
-
-def _on_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or device.INTERPRET
-
-
 def _n_valid(target: torch.Tensor) -> torch.Tensor:
-    """The rows that count, an int32 scalar counted on the device: no host synchronisation (Liger's `.item()` is
-    one per call), and one small launch where torch's compare, sum and cast are three (~13 us of an H100's time
-    a call, measured under Nsight Compute)."""
-    if not _on_triton(target):
-        return (target != IGNORE_INDEX).sum().to(torch.int32)
-    n_valid = torch.empty((), device=target.device, dtype=torch.int32)
-    _count_kernel[(1,)](target.contiguous(), n_valid, target.numel(), IGNORE=IGNORE_INDEX, BLOCK=SMALL_BLOCK)
-    return n_valid
-
-
-def _mean(losses: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
-    """The mean loss, `losses.sum() / n_valid` in one small launch where torch's are two."""
-    if not _on_triton(losses):
-        return losses.sum() / n_valid
-    mean = torch.empty((), device=losses.device, dtype=torch.float32)
-    _mean_kernel[(1,)](losses, n_valid, mean, losses.numel(), BLOCK=SMALL_BLOCK)
-    return mean
+    # Counted on the device: no host synchronisation (Liger's `.item()` is one per call).
+    return (target != IGNORE_INDEX).sum().to(torch.int32)
 
 
 def _check_args(logits: torch.Tensor, target: torch.Tensor) -> None:
@@ -324,7 +282,7 @@ def two_sweep_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing
         _two_sweep_kernel[(n_rows,)](x, target.contiguous(), grad, losses, n_valid, n_cols, x.stride(0),
                                      float(label_smoothing), IGNORE_INDEX, BLOCK=block,
                                      num_warps=16 if block >= 4096 else 4)
-    return _mean(losses, n_valid), grad
+    return losses.sum() / n_valid, grad
 
 
 def triton_two_sweep(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
@@ -415,7 +373,7 @@ def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
     n_valid = _n_valid(target) if n_valid is None else n_valid
     target = target.contiguous()
     if not n_rows:
-        return _mean(losses, n_valid), grad
+        return losses.sum() / n_valid, grad
     eps = float(label_smoothing)
     if device.INTERPRET:
         chunk = INTERPRETER_BLOCK
@@ -425,7 +383,7 @@ def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
             _split_kernel[(n_rows * n_chunks,)](x, target, grad, losses, n_valid, m, s, sx, m, n_rows, n_cols,
                                                 x.stride(0), eps, IGNORE_INDEX, CHUNK=chunk,
                                                 MAX_CHUNKS=triton.next_power_of_2(n_chunks), PHASE=phase)
-        return _mean(losses, n_valid), grad
+        return losses.sum() / n_valid, grad
     sms = device.num_sms(x)
     if n_cols > 16384 * sms:
         raise NotImplementedError(f"rows over {16384 * sms} columns need more chunks than SMs; got {n_cols}")
@@ -438,7 +396,7 @@ def split_triton(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
 
     _split_tuned[grid](x, target, grad, losses, n_valid, m, s, sx, barriers, n_rows, n_cols, x.stride(0), eps,
                        IGNORE_INDEX, PHASE=0)
-    return _mean(losses, n_valid), grad
+    return losses.sum() / n_valid, grad
 
 
 def triton_split(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
@@ -460,7 +418,7 @@ def cluster_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: fl
         return split_triton(x, target, label_smoothing, n_valid)
     n_valid = _n_valid(target) if n_valid is None else n_valid
     losses, grad = cross_entropy_cluster.loss_and_grad(x, target, label_smoothing, n_valid, IGNORE_INDEX)
-    return _mean(losses, n_valid), grad
+    return losses.sum() / n_valid, grad
 
 
 def cluster_bulk(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:

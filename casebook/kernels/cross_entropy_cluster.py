@@ -9,17 +9,12 @@ memory with bulk copies, which hold no registers while in flight. A cross-entrop
 three differences, each small in that kernel, so this kernel is softmax_cluster's with them:
 
 - **A third number in the reduction**: the row's sum of logits (label smoothing's `mean x`), carried in the
-  cluster's offer beside (max, sum), in the word the softmax kernel leaves free, and summed only when
-  smoothing is on.
-- **The store writes the gradient**, `p * scale - (eps / V) * scale` (one FFMA an element: the scale folded
-  into the piece's factor and the row's offset), with `(1 - eps) * scale` taken off at the target's column
-  behind one branch a vector by the thread that holds it, and zeros for an ignored row, where softmax writes
-  `p`; `scale` is `1 / n_valid`, read from the device (no host synchronisation).
-- **The loss**: the thread whose piece holds the target keeps that vector in shared memory as it lands
-  (before the exponentials overwrite it) and writes the row's `(1 - eps)(lse - x_t) + eps (lse - mean x)`;
-  the dealer writes an ignored row's zero. No thread waits on a load of `x_t` between rows. (These three
-  changes, measured one by one on an H100 in `benchmarks/explore/cross_entropy/cluster_lean.py`, took the
-  kernel from 1.5% behind softmax_cluster's to 0.3-0.7%.)
+  cluster's offer beside (max, sum), in the word the softmax kernel leaves free.
+- **The store writes the gradient**, `(p - eps / V) * scale`, with `(1 - eps) * scale` taken off at the
+  target's column by the thread that holds it, and zeros for an ignored row, where softmax writes `p`;
+  `scale` is `1 / n_valid`, read from the device (no host synchronisation).
+- **The loss**: one thread of the cluster's first CTA writes the row's
+  `(1 - eps)(lse - x_t) + eps (lse - mean x)`, with one load of `x_t` (an L2 hit: the row was just read).
 
 Everything else is softmax_cluster's and comes from its `SOURCE`, unchanged: the plan of a row over CTAs
 (`softmax_cluster.plan`), the bulk loads piece by piece, each piece's exponentials left in shared memory in
@@ -95,7 +90,6 @@ __global__ void __launch_bounds__(THREADS, 3) ce_rows(const uint4* __restrict__ 
   constexpr int EPV = DT == 0 ? 4 : 8;
   extern __shared__ __align__(128) uint4 buf[];
   __shared__ __align__(8) unsigned long long bars[MAX_PIECES];
-  __shared__ uint4 target_vec;  // the target's vector as it landed, kept by the thread that owns it
   const int first = cluster_rank() * chunk_vecs;
   const int len = max(0, min(chunk_vecs, row_vecs - first));
   const int pieces = (len + PIECE - 1) / PIECE;
@@ -115,7 +109,6 @@ __global__ void __launch_bounds__(THREADS, 3) ce_rows(const uint4* __restrict__ 
     const long long t = target[row];
     const bool counted = t != ignore_index;
     const int te = (int)(t % EPV);  // the target's element in its vector
-    const long long tv = counted ? t / EPV - first : -1;  // the target's vector in this CTA's chunk, if it is
     int ticket = 0;
     if (dealer) ticket = tickets ? clusters + (int)atomicAdd(&tickets[0], 1u) : row + clusters;
     float m = -INFINITY, s = 0.f, sx = 0.f;  // log2-scaled running max, sum of 2^(x log2 e - m), sum of x
@@ -132,7 +125,6 @@ __global__ void __launch_bounds__(THREADS, 3) ce_rows(const uint4* __restrict__ 
       const int j = k * PIECE + threadIdx.x;
       if (j < len) {
         float f[EPV];
-        if (j == tv) target_vec = buf[j];  // one predicated store a vector, before the exponentials overwrite it
         unpack<DT>(buf[j], f);
         float mv = f[0];
 #pragma unroll
@@ -140,12 +132,9 @@ __global__ void __launch_bounds__(THREADS, 3) ce_rows(const uint4* __restrict__ 
         mv *= LOG2E;
         if (mv > m) { s *= ex2(m - mv); m = mv; }
         const float ref = m == -INFINITY ? 0.f : m;
-        if (eps > 0.f) {
-#pragma unroll
-          for (int e = 0; e < EPV; ++e) sx += f[e];
-        }
 #pragma unroll
         for (int e = 0; e < EPV; ++e) {
+          sx += f[e];
           f[e] = ex2(fmaf(f[e], LOG2E, -ref));
           s += f[e];
         }
@@ -156,32 +145,29 @@ __global__ void __launch_bounds__(THREADS, 3) ce_rows(const uint4* __restrict__ 
     int next;
     const float3 tot = row_total3(m, s, sx, ticket, next);
     const float inv = 1.f / tot.y;
-    // the row's loss, by the thread that kept the target's vector (known from tv: no flag held through the
-    // loop), an ignored row's 0 by the dealer
-    if (counted ? tv >= 0 && tv < len && (int)(tv % PIECE) == (int)threadIdx.x : dealer) {
+    if (dealer) {  // the row's loss: lse in natural units from the log2-scaled (max, sum)
       const float lse = (tot.x + __log2f(tot.y)) * 0.6931471805599453f;
       float xt = 0.f;
       if (counted) {
         float f[EPV];
-        unpack<DT>(target_vec, f);
+        unpack<DT>(x[(long long)row * row_vecs + t / EPV], f);
 #pragma unroll
-        for (int e = 0; e < EPV; ++e) xt = e == te ? f[e] : xt;
+        for (int e = 0; e < EPV; ++e) xt = e == te ? f[e] : xt;  // a select, not an index into local memory
       }
       loss[row] = counted ? (1.f - eps) * (lse - xt) + (eps > 0.f ? eps * (lse - tot.z / (float)n_cols) : 0.f) : 0.f;
     }
-    const float off_row = counted ? off * scale : 0.f;
+    const long long tv = counted ? t / EPV - first : -1;  // the target's vector in this CTA's chunk, if it is
     const auto store = [&](int k) {  // the gradient of vector k of the thread's pieces, written evict-first
       const int j = k * PIECE + threadIdx.x;
       if (j >= len) return;
-      const float c = counted ? ex2(mk[k] - tot.x) * inv * scale : 0.f;
+      const float c = ex2(mk[k] - tot.x) * inv;
       float f[EPV];
       unpack<DT>(buf[j], f);
       const bool has_target = j == tv;
 #pragma unroll
-      for (int e = 0; e < EPV; ++e) f[e] = fmaf(f[e], c, -off_row);
-      if (has_target) {
-#pragma unroll
-        for (int e = 0; e < EPV; ++e) f[e] = e == te ? f[e] - (1.f - eps) * scale : f[e];
+      for (int e = 0; e < EPV; ++e) {
+        f[e] = counted ? (f[e] * c - off) * scale : 0.f;
+        if (has_target && e == te) f[e] -= (1.f - eps) * scale;
       }
       const uint4 v = pack<DT>(f);
       asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(g + base + j), "r"(v.x), "r"(v.y), "r"(v.z),

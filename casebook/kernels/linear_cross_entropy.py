@@ -45,7 +45,6 @@ from casebook.kernels.cross_entropy import (  # noqa: F401 (make_head_inputs: th
     INTERPRETER_BLOCK,
     SMALLEST_CHUNK,
     _grad,
-    _mean,
     _n_valid,
     _prune_split,
     _row_loss,
@@ -296,7 +295,7 @@ def chunked_triton(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Ten
             torch.mm(logits.T, hc, out=dw)
         else:
             dw.addmm_(logits.T, hc)
-    return _mean(losses, n_valid).to(hidden.dtype), dh, dw
+    return (losses.sum() / n_valid).to(hidden.dtype), dh, dw
 
 
 def chunked(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, label_smoothing: float):

@@ -1,9 +1,5 @@
 """Where cluster_bulk's gap to softmax's cluster kernel goes: the rung's wrapper, or what its kernel adds.
 
-Now that the wrapper's small launches are two (the count, the mean) and the kernel carries the three levers
-below, it times what is left: softmax_cluster on the same bytes, the rung, and its kernel alone. What follows
-is the reasoning the levers were measured under.
-
 On the H200 the stored cross_entropy run puts cluster_bulk at 3476 / 3509 GB/s at 4096 x 128256 / 262144 bf16,
 against softmax_cluster's 3.83 / 3.72 TB/s on the same bytes in softmax_fusion's stored run: 91-94%, where the
 H100 measured 95-97%. The claim is 3.8 TB/s. The rung differs from softmax's in two places:
@@ -57,16 +53,93 @@ import tempfile
 from casebook.kernels import cross_entropy_cluster as cec
 from casebook.kernels import softmax_cluster as sc
 
-VARIANTS = {"committed": ()}
-"""The kernel as committed. The levers this script applied by editing the kernel's source (`owner`, `fold`,
-`nosx`; `prefetch`, the other cure for the dealer's load) are in the kernel now; their H100 readings are in
-notes/cross_entropy.md, and `git log -p` on this file has their edits."""
+DEALER_LOAD = ("      float xt = 0.f;\n"
+               "      if (counted) {\n"
+               "        float f[EPV];\n"
+               "        unpack<DT>(x[(long long)row * row_vecs + t / EPV], f);\n"
+               "#pragma unroll\n"
+               "        for (int e = 0; e < EPV; ++e) xt = e == te ? f[e] : xt;"
+               "  // a select, not an index into local memory\n"
+               "      }\n")
+
+PREFETCH = [  # the dealer issues x_t's load as the row starts: in flight while the pieces land
+    ("    const int te = (int)(t % EPV);  // the target's element in its vector\n",
+     "    const int te = (int)(t % EPV);  // the target's element in its vector\n"
+     "    float xt = 0.f;\n"
+     "    if (dealer && counted) {  // the 4-byte word that holds x_t (an element is 16 / EPV bytes)\n"
+     "      const unsigned w ="
+     " reinterpret_cast<const unsigned*>(x)[((long long)row * row_vecs * EPV + t) * 4 / EPV];\n"
+     "      float f[EPV];\n"
+     "      unpack<DT>(make_uint4(w, 0u, 0u, 0u), f);  // the word's one (fp32) or two elements\n"
+     "      xt = DT != 0 && t % 2 ? f[1] : f[0];\n"
+     "    }\n"),
+    (DEALER_LOAD, ""),
+]
+
+OWNER = [  # the target's owner keeps its raw vector in shared memory as it reads the piece, and writes the loss
+    ("  __shared__ __align__(8) unsigned long long bars[MAX_PIECES];\n",
+     "  __shared__ __align__(8) unsigned long long bars[MAX_PIECES];\n"
+     "  __shared__ uint4 target_vec;  // the target's vector as it landed, kept by the thread that owns it\n"),
+    ("    const int te = (int)(t % EPV);  // the target's element in its vector\n",
+     "    const int te = (int)(t % EPV);  // the target's element in its vector\n"
+     "    const long long tv = counted ? t / EPV - first : -1;"
+     "  // the target's vector in this CTA's chunk, if it is\n"),
+    ("        unpack<DT>(buf[j], f);\n        float mv = f[0];\n",
+     "        if (j == tv) target_vec = buf[j];"
+     "  // one predicated store a vector, before the exponentials overwrite it\n"
+     "        unpack<DT>(buf[j], f);\n        float mv = f[0];\n"),
+    ("    if (dealer) {  // the row's loss: lse in natural units from the log2-scaled (max, sum)\n"
+     "      const float lse = (tot.x + __log2f(tot.y)) * 0.6931471805599453f;\n" + DEALER_LOAD,
+     "    // the row's loss, by the thread that kept the target's vector (known from tv: no flag held through the\n"
+     "    // loop), an ignored row's 0 by the dealer\n"
+     "    if (counted ? tv >= 0 && tv < len && (int)(tv % PIECE) == (int)threadIdx.x : dealer) {\n"
+     "      const float lse = (tot.x + __log2f(tot.y)) * 0.6931471805599453f;\n"
+     "      float xt = 0.f;\n"
+     "      if (counted) {\n"
+     "        float f[EPV];\n"
+     "        unpack<DT>(target_vec, f);\n"
+     "#pragma unroll\n"
+     "        for (int e = 0; e < EPV; ++e) xt = e == te ? f[e] : xt;\n"
+     "      }\n"),
+    ("    const long long tv = counted ? t / EPV - first : -1;  // the target's vector in this CTA's chunk, if it is\n"
+     "    const auto store", "    const auto store"),
+]
+
+FOLD = [  # the scale and the count folded into the factor and the offset; the target's correction a branch
+    ("      const float c = ex2(mk[k] - tot.x) * inv;\n",
+     "      const float c = counted ? ex2(mk[k] - tot.x) * inv * scale : 0.f;\n"),
+    ("      for (int e = 0; e < EPV; ++e) {\n"
+     "        f[e] = counted ? (f[e] * c - off) * scale : 0.f;\n"
+     "        if (has_target && e == te) f[e] -= (1.f - eps) * scale;\n"
+     "      }\n",
+     "      for (int e = 0; e < EPV; ++e) f[e] = fmaf(f[e], c, -off_row);\n"
+     "      if (has_target) {\n#pragma unroll\n"
+     "        for (int e = 0; e < EPV; ++e) f[e] = e == te ? f[e] - (1.f - eps) * scale : f[e];\n"
+     "      }\n"),
+    ("    const auto store = [&](int k) {",
+     "    const float off_row = counted ? off * scale : 0.f;\n    const auto store = [&](int k) {"),
+]
+
+NOSX = [  # the sum of logits only under label smoothing (a uniform branch)
+    ("#pragma unroll\n        for (int e = 0; e < EPV; ++e) {\n          sx += f[e];\n",
+     "        if (eps > 0.f) {\n#pragma unroll\n          for (int e = 0; e < EPV; ++e) sx += f[e];\n        }\n"
+     "#pragma unroll\n        for (int e = 0; e < EPV; ++e) {\n"),
+]
+
+LEVERS = {"owner": OWNER, "prefetch": PREFETCH, "fold": FOLD, "nosx": NOSX}
+VARIANTS = {"committed": (), "owner": ("owner",), "prefetch": ("prefetch",), "fold": ("fold",), "nosx": ("nosx",),
+            "all": ("owner", "fold", "nosx")}
 
 
 def source(levers: tuple[str, ...]) -> str:
-    """The committed kernel (no lever is left to apply)."""
-    assert not levers
-    return cec.SOURCE
+    """The committed kernel with the levers' edits, each found exactly once."""
+    kernel = cec.KERNEL
+    for lever in levers:
+        for old, new in LEVERS[lever]:
+            if kernel.count(old) != 1:
+                raise SystemExit(f"{lever}: the committed kernel no longer has this text once:\n{old}")
+            kernel = kernel.replace(old, new)
+    return sc.SOURCE + kernel
 
 
 def compile_variant(levers: tuple[str, ...], arch: str, log: io.StringIO | None = None):
@@ -165,7 +238,7 @@ def one_shape(tokens: int, vocab: int, dtype, use) -> None:
         err = float(torch.linalg.vector_norm(grad[:256].double() - ref) / torch.linalg.vector_norm(ref))
         dloss = float((loss.double() - loss0.double()).abs().max())
         verdict = "bit for bit" if same else f"max |loss diff| {dloss:.2e}"
-        bad = err > 2e-2 or dloss > 1e-3 or not same
+        bad = err > 2e-2 or dloss > 1e-3 or (name in ("committed", "owner", "prefetch") and not same)
         print(f"{tag}: kernel {name:9s} {rate(kernel)}  vs float64 {err:.2e}, vs committed {verdict}"
               f"{'  WRONG' if bad else ''}", flush=True)
     use("committed")
