@@ -32,6 +32,7 @@ fused tail is part of the 3 us the rung trails SDPA by at 1 x 8K.
 
     python3 benchmarks/explore/attention/decode_splits.py            # GPU: every level-2 shape
     python3 benchmarks/explore/attention/decode_splits.py --tiles    # GPU: batch 1, the tile and the combine
+    python3 benchmarks/explore/attention/decode_splits.py --waves    # GPU: batch 1, configs by residency and waves
     TRITON_INTERPRET=1 python3 benchmarks/explore/attention/decode_splits.py --check   # forced counts are exact
     TRITON_INTERPRET=1 python3 benchmarks/explore/attention/decode_splits.py --check --tiles   # forced tiles too
 """
@@ -137,8 +138,65 @@ def tiles() -> None:
             print("\n    ".join(line), flush=True)
 
 
+def compiled(t: dict, splits: int, block_n: int, warps: int, stages: int):
+    """The kernel `forced` launches at this config (captured from the autotuner's one launch): its shared memory
+    and registers say how many of its programs a SM holds."""
+    fn = ac._decode_split_tuned.fn
+    got = []
+    fn.run = lambda *a, **k: got.append(type(fn).run(fn, *a, **k)) or got[-1]
+    try:
+        forced(t, splits, block_n, warps, stages, True)
+    finally:
+        del fn.run
+    return got[-1]
+
+
+def resident(kernel, warps: int) -> int:
+    """Programs of `kernel` a SM holds: by its shared memory (a SM's, less 1 KB reserved a block) and registers."""
+    props = torch.cuda.get_device_properties(0)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_smem = smem // (kernel.metadata.shared + 1024)
+    by_regs = 65536 // (max(kernel.n_regs, 1) * 32 * warps)
+    return max(0, min(by_smem, by_regs, 32))
+
+
+WAVE_CONFIGS = ((64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 4, 2), (128, 4, 3), (128, 8, 3))
+
+
+def waves() -> None:
+    """Batch 1, 4K-32K: at 16, 32 and 64 splits, each config forced, with the programs a SM holds at it and the
+    waves the grid takes; graph-replayed, us. Nsight Compute at 1 x 8K had the autotuned pick (BLOCK_N 128, 3
+    stages, 136 KB of shared memory) at one program a SM, so the case's 32 splits ran in two waves where cuDNN's
+    32 ran in one at two a SM (notes/attention_decode.md). Predicted (written before the run): at 32 splits a
+    config that holds two a SM (one wave) beats every config that holds one, and reaches 0.9-1.0x SDPA at 1 x 8K;
+    at 16 splits (one wave at any residency) the configs stay within 6% of each other, as `--tiles` found."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for context in (4096, 8192, 16384, 32768):
+        t = inputs(1, context, "cuda")
+        sdpa = _graph_us(lambda: mod.sdpa(**t))
+        picked = ac.split_count(1, 8, context, sms)[0]
+        for n in (16, 32, 64):
+            if context // n < ac.MIN_CHUNK:
+                continue
+            tuned = _graph_us(lambda: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True))
+            line = [f"1 x {context:5d}, {n:2d} splits{' (split_count)' if n == picked else ''}: SDPA {sdpa:.1f} us; "
+                    f"autotuned {tuned:.1f} ({sdpa / tuned:.2f}x)"]
+            for bn, w, st in WAVE_CONFIGS:
+                try:
+                    k = compiled(t, n, bn, w, st)
+                    held = resident(k, w)
+                    us = _graph_us(lambda: forced(t, n, bn, w, st, True))
+                    line.append(f"{bn}/{w}w/{st}st: {k.metadata.shared // 1024} KB, {k.n_regs} regs, {held} a SM, "
+                                f"{8 * n / max(held * sms, 1):.2f} waves: {us:.1f} us ({sdpa / us:.2f}x)")
+                except Exception as e:  # a config the GPU cannot hold (shared memory)
+                    line.append(f"{bn}/{w}w/{st}st: {type(e).__name__}: {str(e)[:80]}")
+            print("\n    ".join(line), flush=True)
+
+
 if __name__ == "__main__":
     if "--check" in sys.argv:
         check("--tiles" in sys.argv)
+    elif "--waves" in sys.argv:
+        waves()
     else:
         tiles() if "--tiles" in sys.argv else sweep()
