@@ -19,8 +19,9 @@
 #   earlier machine's autotuning). Then, once a machine and with more than TESTS_MIN_S seconds left, the
 #   GPU-only tests (TESTS=0: never).
 # - On any other card (a call for an H200 may get an H100): no book, whose claims name the H200; the
-#   explorations first, then the GPU-only tests, once a machine (they judge correctness, which any Hopper card
-#   shows); BOOK_ANY=1 runs the book there too, after the explorations.
+#   explorations first (not the DRAM counters `explore` reads under ncu after them, which wait for the H200's
+#   reading: EXPLORE_NCU names some there), then the GPU-only tests, once a machine (they judge correctness, which
+#   any Hopper card shows); BOOK_ANY=1 runs the book there too, after the explorations.
 # Each step's files come back as $OUT/<step>/results.tgz (results/, logs/, the kept runs); the compile cache as
 # $OUT/cache/cache.tgz*, to carry into the next fresh machine as .cbcache-in/cache.tgz*.
 set -uo pipefail
@@ -59,15 +60,17 @@ slug=$(python3 -c 'from casebook.run.hardware import identify; print(identify().
 echo "job: on $slug"
 if [ "$slug" = nvidia-h200 ]; then
   order=${ORDER-attention_decode linear_cross_entropy attention_prefill gemm_tiled gemm_epilogue gemm_grouped decode_chain}
-elif [ "${BOOK_ANY:-0}" = 1 ]; then
-  explore
-  order=${ORDER-}
 else
+  export EXPLORE_NCU=${EXPLORE_NCU-}  # the counters the explorations read under ncu wait for the H200's reading
   explore
-  tests
-  step cache "$end" pack
-  echo "job: $SECONDS s (no book on $slug: BOOK_ANY=1 runs it)"
-  exit 0
+  if [ "${BOOK_ANY:-0}" = 1 ]; then
+    order=${ORDER-}
+  else
+    tests
+    step cache "$end" pack
+    echo "job: $SECONDS s (no book on $slug: BOOK_ANY=1 runs it)"
+    exit 0
+  fi
 fi
 cases=""
 for name in $order; do cases="$cases cases/$name.yaml"; done

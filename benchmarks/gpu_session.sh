@@ -228,7 +228,8 @@ case "${1:-}" in
       echo "$name: exit $code"; tail -4 "$out/logs/explore_$name.txt"
     done
     if [ -n "$ncu_bin" ]; then
-      for script in norm_backward/wide_rows.py rmsnorm/onepass_warps.py transpose/tma_boxes.py; do
+      # EXPLORE_NCU: which (default the three whose reading waits for the H200; gpu_job.sh passes none elsewhere)
+      for script in ${EXPLORE_NCU-norm_backward/wide_rows.py rmsnorm/onepass_warps.py transpose/tma_boxes.py}; do
         [ $SECONDS -lt $((end - 60)) ] || break
         name=$(basename "$script" .py)
         [ -e "/tmp/.explored-ncu-$name" ] && continue
