@@ -22,7 +22,6 @@ from casebook.kernels.layernorm import (  # noqa: F401 (the case's functions, by
 
 
 def triton_pipelined(x, w, b, dy, mean, rstd):
-    """Rows pipelined to 8K columns, split by columns through a barrier past it (an H100: 4.4x `triton_partial` at
-    8192 x 16384, where its whole row spills, and 1.12x Liger). `b` does not enter the gradient; it is an input of
-    the case."""
+    """Rows pipelined to 8K columns, split by columns past it (an H100: 4.1x `triton_partial` at 8192 x 16384,
+    where its whole row spills). `b` does not enter the gradient; it is an input of the case."""
     return norm_backward.pipelined(x, w, dy, mean, rstd)

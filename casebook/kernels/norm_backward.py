@@ -16,12 +16,6 @@ dw (and db) partials in registers, one row a program iteration. Two things hold 
   from L2, where its neighbours' programs just read them): 1.54 TB/s, level with Liger (1.52), and it takes
   rows of 32K columns, which the committed kernel refuses. rmsnorm spills less there and its committed kernel
   stays faster (1.87 against the split's 1.63), so its rung keeps it from 8K to 16K columns.
-- The split reads every row twice (each program the whole row for the sums, then its slice). `bsplit` reads it
-  once: each program stores its slice's two sums as the row's partials, meets its siblings at softmax_fusion's row
-  barrier (every program resident: one an SM), adds the partials and writes dx from the registers it loaded, with
-  the next row's slice already loading while it waits. On an H100, 8192-column slices, 16 warps: layernorm 8192 x
-  16384 1.72 TB/s (the split 1.54, Liger 1.54), 2048 x 32768 1.61 (the split 1.07, torch 1.14); rmsnorm 2048 x
-  32768 1.75 (torch 1.13). It takes the rung's rows past 8K columns; `split` stays as the sweep's reference.
 
 Both kernels leave fp32 partials of dw (and db), one row a program or group, summed by rmsnorm's second pass.
 """
@@ -34,11 +28,10 @@ import triton.language as tl
 
 from casebook.kernels.device import INTERPRET, num_sms
 from casebook.kernels.rmsnorm import _sum_partials_kernel
-from casebook.kernels.softmax_fusion import _row_barrier, _row_barriers
 
 ROWS_UP_TO = 8192
-"""Columns up to which whole rows are pipelined; past it, rows are split by columns through a barrier (or, for
-rmsnorm to its MAX_BACKWARD, the committed kernel)."""
+"""Columns up to which whole rows are pipelined; past it, rows are split by columns (or, for rmsnorm to its
+MAX_BACKWARD, the committed kernel)."""
 
 ROWS_STAGES = ((4096, 4), (ROWS_UP_TO, 3))
 """(columns up to, stages) of `rows`: the H100 sweep's fastest, one program an SM."""
@@ -46,10 +39,6 @@ ROWS_STAGES = ((4096, 4), (ROWS_UP_TO, 3))
 SPLIT_SLICE, SPLIT_CHUNK, SPLIT_WARPS, SPLIT_STAGES = 8192, 4096, 16, 3
 """`split`'s slice of a row a program owns, the chunk its sums read at a time, its warps and stages: the H100
 sweep's fastest (16 warps beat 32 by 14-17%; 4096-column slices lost 40%)."""
-
-BSPLIT_SLICE, BSPLIT_WARPS = 8192, 16
-"""`bsplit`'s slice and warps: the H100 sweep's fastest (4096-column slices lost 35-40%; at 32 warps the 8192
-slice spills, lowered for sm_90a)."""
 
 
 @triton.jit
@@ -126,68 +115,6 @@ def _split_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_p
         tl.store(db_ptr + group * n_cols + own, db, mask=own_mask)
 
 
-@triton.jit
-def _bsplit_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, part_ptr, barrier_ptr, n_rows,
-                   n_cols, CENTERED: tl.constexpr, SPLITS: tl.constexpr, SIBLINGS: tl.constexpr, SLICE: tl.constexpr,
-                   PREFETCH: tl.constexpr, PHASE: tl.constexpr):
-    # Program pid = group * SPLITS + s owns columns [s * SLICE, +SLICE) of rows group, group + groups, ...: it reads
-    # its slice of x and dy once, stores its slice's two sums as the row's partials (part[row, s, :2]), meets its
-    # siblings at the group's barrier, adds the row's partials and writes dx from registers: one read of the row,
-    # where `_split_kernel` reads all of it for the sums and its slice again. PREFETCH: the next row's slice is
-    # loaded before the barrier, so the wait overlaps the loads. PHASE 0 (a GPU): all of it; 1 and 2 (the
-    # interpreter, whose programs run one after another): the partials of every row, then the rest.
-    pid = tl.program_id(0)
-    group = pid // SPLITS
-    groups = tl.num_programs(0) // SPLITS
-    own = (pid % SPLITS) * SLICE + tl.arange(0, SLICE)
-    own_mask = own < n_cols
-    sib = tl.arange(0, SIBLINGS)
-    w = tl.load(w_ptr + own, mask=own_mask, other=0.0).to(tl.float32)
-    dw = tl.zeros([SLICE], dtype=tl.float32)
-    db = tl.zeros([SLICE], dtype=tl.float32)
-    row = group
-    base = tl.cast(row, tl.int64) * n_cols
-    ok = own_mask & (tl.zeros([SLICE], dtype=tl.int32) + row < n_rows)
-    x = tl.load(x_ptr + base + own, mask=ok, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + base + own, mask=ok, other=0.0).to(tl.float32)
-    while row < n_rows:
-        nxt = row + groups
-        base = tl.cast(row, tl.int64) * n_cols
-        rstd = tl.load(rstd_ptr + row)
-        mean = tl.load(mean_ptr + row) if CENTERED else 0.0
-        xhat = tl.where(own_mask, (x - mean) * rstd, 0.0)
-        wdy = w * dy
-        if PHASE != 2:
-            tl.store(part_ptr + (row * SPLITS + pid % SPLITS) * 2, tl.sum(wdy, axis=0))
-            tl.store(part_ptr + (row * SPLITS + pid % SPLITS) * 2 + 1, tl.sum(xhat * wdy, axis=0))
-        ok = own_mask & (tl.zeros([SLICE], dtype=tl.int32) + nxt < n_rows)
-        if PREFETCH:  # issued before the wait, used after it
-            x_n = tl.load(x_ptr + base + n_cols * groups + own, mask=ok, other=0.0)
-            dy_n = tl.load(dy_ptr + base + n_cols * groups + own, mask=ok, other=0.0)
-        if PHASE == 0:
-            _row_barrier(barrier_ptr + group * 32, SPLITS)
-        if PHASE != 1:
-            p = part_ptr + (row * SPLITS + sib) * 2
-            c1 = tl.sum(tl.load(p, mask=sib < SPLITS, other=0.0, cache_modifier=".cg"), axis=0) / n_cols \
-                if CENTERED else 0.0
-            c2 = tl.sum(tl.load(p + 1, mask=sib < SPLITS, other=0.0, cache_modifier=".cg"), axis=0) / n_cols
-            tl.store(dx_ptr + base + own, ((wdy - c1 - xhat * c2) * rstd).to(dx_ptr.dtype.element_ty), mask=own_mask)
-            dw += dy * xhat
-            if CENTERED:
-                db += dy
-        if PREFETCH:
-            x = x_n.to(tl.float32)
-            dy = dy_n.to(tl.float32)
-        else:
-            x = tl.load(x_ptr + base + n_cols * groups + own, mask=ok, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + base + n_cols * groups + own, mask=ok, other=0.0).to(tl.float32)
-        row = nxt
-    if PHASE != 1:
-        tl.store(dw_ptr + group * n_cols + own, dw, mask=own_mask)
-        if CENTERED:
-            tl.store(db_ptr + group * n_cols + own, db, mask=own_mask)
-
-
 def _finish(partials: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
     """Each [programs, cols] fp32 partial summed into a row of w's dtype, by the committed second pass."""
     out = []
@@ -238,34 +165,11 @@ def split(x, w, dy, mean, rstd, slice_: int | None = None, chunk: int | None = N
     return (dx, *_finish(partials, w))
 
 
-def bsplit(x, w, dy, mean, rstd, slice_: int | None = None, warps: int | None = None, prefetch: bool = True) -> tuple:
-    """The barrier split: column slices of `slice_`, the row's sums exchanged through a barrier, the next row's slice
-    loaded before the wait (`prefetch`); (dx, dw[, db]), db where `mean` is given. One program an SM, so that every
-    group's programs are resident together and the barrier ends: a row of more slices than SMs is refused."""
-    n_rows, n_cols = x.shape
-    slice_, warps = min(slice_ or BSPLIT_SLICE, triton.next_power_of_2(n_cols)), warps or BSPLIT_WARPS
-    splits = triton.cdiv(n_cols, slice_)
-    if splits > num_sms(x) and not INTERPRET:  # the interpreter runs the barrier's two halves as two launches
-        raise NotImplementedError(f"bsplit: {splits} slices of a row need as many resident programs; the device "
-                                  f"has {num_sms(x)} SMs")
-    groups = max(1, min(n_rows, num_sms(x) // splits))
-    dx = torch.empty_like(x)
-    partials = _partials(2 if mean is not None else 1, groups, x)
-    part = torch.empty(n_rows * splits * 2, device=x.device, dtype=torch.float32)
-    barriers = _row_barriers(x.device, groups)
-    meta = dict(CENTERED=mean is not None, SPLITS=splits, SIBLINGS=triton.next_power_of_2(splits), SLICE=slice_,
-                PREFETCH=prefetch, num_warps=warps)
-    for phase in (1, 2) if INTERPRET else (0,):
-        _bsplit_kernel[(groups * splits,)](x, w, dy, rstd if mean is None else mean, rstd, dx, partials[0],
-                                           partials[-1], part, barriers, n_rows, n_cols, PHASE=phase, **meta)
-    return (dx, *_finish(partials, w))
-
-
 def pipelined(x, w, dy, mean, rstd) -> tuple:
-    """Rows pipelined to ROWS_UP_TO columns (ROWS_STAGES), the barrier split past it; (dx, dw[, db])."""
+    """Rows pipelined to ROWS_UP_TO columns (ROWS_STAGES), split by columns past it; (dx, dw[, db])."""
     x, dy = x.contiguous(), dy.contiguous()
     n_cols = x.shape[1]
     if n_cols <= ROWS_UP_TO:
         stages = next(s for up_to, s in ROWS_STAGES if n_cols <= up_to)
         return rows(x, w, dy, mean, rstd, stages=stages)
-    return bsplit(x, w, dy, mean, rstd)
+    return split(x, w, dy, mean, rstd)

@@ -25,8 +25,8 @@ from casebook.kernels.rmsnorm import (  # noqa: F401 (the case's functions, by n
 
 def triton_pipelined(x, w, dy, rstd) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows pipelined to 8K columns; from there to MAX_BACKWARD the committed `triton_partial`, which an H100
-    ran level with the barrier split (1.87 TB/s against 1.84 at 8192 x 16384) and ahead of the column split
-    (1.63); past it the barrier split (`norm_backward.bsplit`), which takes rows the committed kernel refuses."""
+    ran faster than the column split (1.87 TB/s against 1.63 at 8192 x 16384); past it the column split, which
+    takes rows the committed kernel refuses."""
     if norm_backward.ROWS_UP_TO < x.shape[1] <= MAX_BACKWARD:
         return triton_partial(x, w, dy, rstd)
     return norm_backward.pipelined(x, w, dy, None, rstd)

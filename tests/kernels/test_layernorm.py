@@ -138,19 +138,19 @@ def test_kernels_stay_accurate_at_a_large_mean(cols, path, launches, monkeypatch
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pipelined_splits_rows_past_its_bound_by_columns(monkeypatch, rows, cols, dtype):
     """Past ROWS_UP_TO columns (lowered here) each row is split over programs owning a slice of dx, dw and db,
-    the last slice ragged; every row's sums, added from the slices' partials, still span the whole row, and dw
-    and db count every row once."""
+    the last slice ragged; every row's sums still span the whole row, and dw and db count every row once."""
     monkeypatch.setattr(norm_backward, "ROWS_UP_TO", 256)
-    monkeypatch.setattr(norm_backward, "BSPLIT_SLICE", 512)
+    monkeypatch.setattr(norm_backward, "SPLIT_SLICE", 512)
+    monkeypatch.setattr(norm_backward, "SPLIT_CHUNK", 256)
     seen = []
-    monkeypatch.setattr(norm_backward, "bsplit", lambda *a, _b=norm_backward.bsplit: seen.append(1) or _b(*a))
+    monkeypatch.setattr(norm_backward, "split", lambda *a, _split=norm_backward.split: seen.append(1) or _split(*a))
     c = run_check("layernorm_backward", "triton_pipelined", rows, cols, dtype)
     assert c.correct, c.error
     assert c.max_rel_err <= TOLERANCE[dtype] and seen
 
 
 def test_pipelined_takes_rows_the_committed_kernel_refuses(monkeypatch):
-    monkeypatch.setattr(norm_backward, "BSPLIT_SLICE", 4096)
+    monkeypatch.setattr(norm_backward, "SPLIT_SLICE", 4096)
     c = run_check("layernorm_backward", "triton_pipelined", 3, mod.MAX_BACKWARD + 1, "bf16")
     assert c.correct, c.error
 

@@ -207,18 +207,19 @@ def test_scenarios_call_the_kernel_once_and_agree_across_variants():
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("cols, path", [(1000, "rows"), (2049, "triton_partial"), (4097, "bsplit")])
+@pytest.mark.parametrize("cols, path", [(1000, "rows"), (2049, "triton_partial"), (4097, "split")])
 def test_pipelined_rung_takes_its_three_paths(monkeypatch, cols, path):
-    """Rows pipelined to ROWS_UP_TO columns, the committed kernel from there to MAX_BACKWARD, the barrier split
-    past it (all three bounds lowered here): each path right, at a ragged width, in bf16."""
+    """Rows pipelined to ROWS_UP_TO columns, the committed kernel from there to MAX_BACKWARD, the column split past
+    it (all three bounds lowered here): each path right, at a ragged width, in bf16."""
     monkeypatch.setattr(norm_backward, "ROWS_UP_TO", 1024)
     monkeypatch.setattr(rmsnorm_backward, "MAX_BACKWARD", 4096)
-    monkeypatch.setattr(norm_backward, "BSPLIT_SLICE", 1024)
+    monkeypatch.setattr(norm_backward, "SPLIT_SLICE", 1024)
+    monkeypatch.setattr(norm_backward, "SPLIT_CHUNK", 512)
     seen = []
     def spy(name, f):
         return lambda *a, **k: seen.append(name) or f(*a, **k)
 
-    for name, owner in (("rows", norm_backward), ("bsplit", norm_backward), ("triton_partial", rmsnorm_backward)):
+    for name, owner in (("rows", norm_backward), ("split", norm_backward), ("triton_partial", rmsnorm_backward)):
         monkeypatch.setattr(owner, name, spy(name, getattr(owner, name)))
     c = run_check("rmsnorm_backward", "triton_pipelined", 7, cols, "bf16")
     assert c.correct, c.error

@@ -58,9 +58,13 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from casebook.kernels import layernorm, rmsnorm
-from casebook.kernels.norm_backward import _bsplit_kernel, _rows_kernel, _split_kernel, bsplit, rows, split
+from casebook.kernels.device import INTERPRET, num_sms
+from casebook.kernels.norm_backward import _finish, _partials, _rows_kernel, _split_kernel, rows, split
+from casebook.kernels.softmax_fusion import _row_barrier, _row_barriers
 
 SHAPES = ((16384, 4096), (32768, 4096), (16384, 8192), (8192, 16384), (2048, 32768))
 """The level-1 shapes of both backward cases past 512 rows (bf16)."""
@@ -74,6 +78,86 @@ SPLIT_RUNGS = ((8192, 16), (8192, 32), (4096, 16))
 
 BSPLIT_RUNGS = ((8192, 16, False), (8192, 16, True), (4096, 16, False), (4096, 16, True), (4096, 8, True))
 """(slice, warps, prefetch) of the barrier split, where a row holds at least two slices."""
+
+
+@triton.jit
+def _bsplit_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, part_ptr, barrier_ptr, n_rows,
+                   n_cols, CENTERED: tl.constexpr, SPLITS: tl.constexpr, SIBLINGS: tl.constexpr, SLICE: tl.constexpr,
+                   PREFETCH: tl.constexpr, PHASE: tl.constexpr):
+    # Program pid = group * SPLITS + s owns columns [s * SLICE, +SLICE) of rows group, group + groups, ...: it reads
+    # its slice of x and dy once, stores its slice's two sums as the row's partials (part[row, s, :2]), meets its
+    # siblings at the group's barrier, adds the row's partials and writes dx from registers: one read of the row,
+    # where `_split_kernel` reads all of it for the sums and its slice again. PREFETCH: the next row's slice is
+    # loaded before the barrier, so the wait overlaps the loads. PHASE 0 (a GPU): all of it; 1 and 2 (the
+    # interpreter, whose programs run one after another): the partials of every row, then the rest.
+    pid = tl.program_id(0)
+    group = pid // SPLITS
+    groups = tl.num_programs(0) // SPLITS
+    own = (pid % SPLITS) * SLICE + tl.arange(0, SLICE)
+    own_mask = own < n_cols
+    sib = tl.arange(0, SIBLINGS)
+    w = tl.load(w_ptr + own, mask=own_mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([SLICE], dtype=tl.float32)
+    db = tl.zeros([SLICE], dtype=tl.float32)
+    row = group
+    base = tl.cast(row, tl.int64) * n_cols
+    ok = own_mask & (tl.zeros([SLICE], dtype=tl.int32) + row < n_rows)
+    x = tl.load(x_ptr + base + own, mask=ok, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + base + own, mask=ok, other=0.0).to(tl.float32)
+    while row < n_rows:
+        nxt = row + groups
+        base = tl.cast(row, tl.int64) * n_cols
+        rstd = tl.load(rstd_ptr + row)
+        mean = tl.load(mean_ptr + row) if CENTERED else 0.0
+        xhat = tl.where(own_mask, (x - mean) * rstd, 0.0)
+        wdy = w * dy
+        if PHASE != 2:
+            tl.store(part_ptr + (row * SPLITS + pid % SPLITS) * 2, tl.sum(wdy, axis=0))
+            tl.store(part_ptr + (row * SPLITS + pid % SPLITS) * 2 + 1, tl.sum(xhat * wdy, axis=0))
+        ok = own_mask & (tl.zeros([SLICE], dtype=tl.int32) + nxt < n_rows)
+        if PREFETCH:  # issued before the wait, used after it
+            x_n = tl.load(x_ptr + base + n_cols * groups + own, mask=ok, other=0.0)
+            dy_n = tl.load(dy_ptr + base + n_cols * groups + own, mask=ok, other=0.0)
+        if PHASE == 0:
+            _row_barrier(barrier_ptr + group * 32, SPLITS)
+        if PHASE != 1:
+            p = part_ptr + (row * SPLITS + sib) * 2
+            c1 = tl.sum(tl.load(p, mask=sib < SPLITS, other=0.0, cache_modifier=".cg"), axis=0) / n_cols \
+                if CENTERED else 0.0
+            c2 = tl.sum(tl.load(p + 1, mask=sib < SPLITS, other=0.0, cache_modifier=".cg"), axis=0) / n_cols
+            tl.store(dx_ptr + base + own, ((wdy - c1 - xhat * c2) * rstd).to(dx_ptr.dtype.element_ty), mask=own_mask)
+            dw += dy * xhat
+            if CENTERED:
+                db += dy
+        if PREFETCH:
+            x = x_n.to(tl.float32)
+            dy = dy_n.to(tl.float32)
+        else:
+            x = tl.load(x_ptr + base + n_cols * groups + own, mask=ok, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + base + n_cols * groups + own, mask=ok, other=0.0).to(tl.float32)
+        row = nxt
+    if PHASE != 1:
+        tl.store(dw_ptr + group * n_cols + own, dw, mask=own_mask)
+        if CENTERED:
+            tl.store(db_ptr + group * n_cols + own, db, mask=own_mask)
+
+
+def bsplit(x, w, dy, mean, rstd, slice_: int = 4096, warps: int = 16, prefetch: bool = True) -> tuple:
+    """The barrier split: column slices of `slice_`, the row's sums exchanged through a barrier; (dx, dw[, db]).
+    One program an SM, so that every group's programs are resident together and the barrier ends."""
+    n_rows, n_cols = x.shape
+    splits = triton.cdiv(n_cols, slice_)
+    groups = max(1, min(n_rows, num_sms(x) // splits))
+    dx = torch.empty_like(x)
+    partials = _partials(2 if mean is not None else 1, groups, x)
+    part = torch.empty(n_rows * splits * 2, device=x.device, dtype=torch.float32)
+    barriers = _row_barriers(x.device, groups)
+    meta = dict(CENTERED=mean is not None, SPLITS=splits, SIBLINGS=triton.next_power_of_2(splits), SLICE=slice_,
+                PREFETCH=prefetch, num_warps=warps)
+    for phase in (1, 2) if INTERPRET else (0,):
+        _bsplit_kernel[(groups * splits,)](x, w, dy, rstd if mean is None else mean, rstd, dx, partials[0],
+                                           partials[-1], part, barriers, n_rows, n_cols, PHASE=phase, **meta)
+    return (dx, *_finish(partials, w))
 
 
 def inputs(norm: str, rows_: int, cols: int, device: str) -> dict:
