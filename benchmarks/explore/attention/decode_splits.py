@@ -49,6 +49,8 @@ from casebook.kernels import attention_decode as mod
 
 BATCHES = (1, 16, 64)
 CONTEXTS = (512, 2048, 4096, 8192)
+SWEPT = [(b, c) for b in BATCHES for c in CONTEXTS] + [(8, 32768)]
+"""Level 2's shapes, then the level-1 claim shape (8 x 32K), where a change to the split count must not cost."""
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -100,20 +102,19 @@ def _times(fn) -> tuple[float, float]:
 
 def sweep() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for batch in BATCHES:
-        for context in CONTEXTS:
-            t = inputs(batch, context, "cuda")
-            sdpa = _times(lambda: mod.sdpa(**t))
-            picked, chunk = ac.split_count(batch, 8, context, sms)
-            line = [f"{batch:3d} x {context:5d}: SDPA {sdpa[0]:.1f} / {sdpa[1]:.1f} us; split_count {picked} x {chunk}"
-                    " keys"]
-            for n in SPLITS:
-                if n > 1 and context // n < ac.MIN_CHUNK:
-                    continue
-                us = _times(lambda n=n: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True))
-                line.append(f"{n}{'*' if n == picked else ''}: {us[0]:.1f} / {us[1]:.1f} "
-                            f"({sdpa[0] / us[0]:.2f}x / {sdpa[1] / us[1]:.2f}x)")
-            print("  ".join(line), flush=True)
+    for batch, context in SWEPT:
+        t = inputs(batch, context, "cuda")
+        sdpa = _times(lambda: mod.sdpa(**t))
+        picked, chunk = ac.split_count(batch, 8, context, sms)
+        line = [f"{batch:3d} x {context:5d}: SDPA {sdpa[0]:.1f} / {sdpa[1]:.1f} us; split_count {picked} x {chunk}"
+                " keys"]
+        for n in SPLITS:
+            if n > 1 and context // n < ac.MIN_CHUNK:
+                continue
+            us = _times(lambda n=n: ac.decode_forward(t["q"], t["k"], t["v"], True, splits=n, fused=True))
+            line.append(f"{n}{'*' if n == picked else ''}: {us[0]:.1f} / {us[1]:.1f} "
+                        f"({sdpa[0] / us[0]:.2f}x / {sdpa[1] / us[1]:.2f}x)")
+        print("  ".join(line), flush=True)
 
 
 def tiles() -> None:
