@@ -27,9 +27,6 @@ The ladder (baseline: eager):
                         its 1/rms on the output), silu and the residual in its epilogue
   persistent            one Triton launch for the whole chain: programs stay resident, walk each
                         layer's output tiles, and meet at a grid barrier before the next layer
-Both Triton rungs run one row (batch 1) as products summed in fp32 with one row sum at the end, and more
-rows as a 16-row tensor-core tile: a row in an MMA tile of 16 ran the layer at 1.00 TB/s on an H100, the
-products at 1.50 (cuBLAS's GEMV 1.47; notes/decode_chain.md).
 """
 
 from __future__ import annotations
@@ -181,48 +178,13 @@ def graph(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _gemv_sums(x_ptr, w_ptr, g_ptr, cols, col_ok, k_lo, k_hi, H, BN: tl.constexpr, BK: tl.constexpr):
-    # Over K in [k_lo, k_hi), one row: the [BN, BK] weight tiles times x g (rounded to the weights' dtype, as the
-    # eager chain's norm output is) summed into an fp32 tile, one row sum at the end; and x's squares.
-    ks = tl.arange(0, BK)
-    sumsq = tl.zeros([BK], dtype=tl.float32)
-    acc = tl.zeros([BN, BK], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        k = k0 + ks
-        k_ok = k < H
-        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        sumsq += xk * xk
-        xg = xk * tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-        wk = tl.load(w_ptr + cols[:, None] * H + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += wk.to(tl.float32) * xg.to(wk.dtype).to(tl.float32)[None, :]
-    return tl.sum(acc, axis=1), tl.sum(sumsq, axis=0)
-
-
-@triton.jit
-def _gemv_tile(x_ptr, out_ptr, w_ptr, g_ptr, tile, H, eps, BN: tl.constexpr, BK: tl.constexpr):
-    # `_layer_tile` for one row, with products and one row sum (`_gemv_sums`) where the MMA runs a 16-row tile of
-    # which one row is x (an H100: 22.4 us a layer at hidden 4096 against the MMA loop's 33.4 and cuBLAS's
-    # GEMV's 22.9; benchmarks/explore/decode_chain/gemv_tiles.py).
-    cols = tile * BN + tl.arange(0, BN)
-    col_ok = cols < H
-    y, sumsq = _gemv_sums(x_ptr, w_ptr, g_ptr, cols, col_ok, 0, H, H, BN, BK)
-    y = y / tl.sqrt(sumsq / H + eps)
-    res = tl.load(x_ptr + cols, mask=col_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-    tl.store(out_ptr + cols, (res + y * tl.sigmoid(y)).to(out_ptr.dtype.element_ty), mask=col_ok)
-
-
-@triton.jit
 def _layer_tile(x_ptr, out_ptr, w_ptr, g_ptr, tile, B, H, eps,
                 BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, UPCAST: tl.constexpr):
     # Output columns [tile * BN, +BN) of out = x + silu(rmsnorm(x) * g @ w^T) for all B rows. The norm's
     # 1/rms is a factor of each row, so it is applied after the GEMV: the loop that streams this program's
     # [BN, H] slab of w in [BN, BK] tiles also sums the rows' squares from the x tiles it loads anyway (from
     # L2). A prologue loop of its own was H / BK loads from L2 one after another, which the pipeliner left
-    # unpipelined: ~16 round trips a layer at hidden 4096 before the first weight arrived. One row (BB 1)
-    # takes `_gemv_tile`, with no MMA.
-    if BB == 1:
-        _gemv_tile(x_ptr, out_ptr, w_ptr, g_ptr, tile, H, eps, BN, BK)
-        return
+    # unpipelined: ~16 round trips a layer at hidden 4096 before the first weight arrived.
     rows = tl.arange(0, BB)
     ks = tl.arange(0, BK)
     row_ok = rows < B
@@ -265,23 +227,14 @@ BLOCK_N, BLOCK_K = 32, 256
 """Output columns a tile, and the K step: at hidden 4096, 128 tiles a layer for 132 SMs, each streaming a
 256 KB slab of w in 16 KB steps."""
 
-GEMV_BLOCK_K, GEMV_WARPS = 512, 8
-"""One row's K step and warps (`_gemv_tile`): 32 KB of w a step, the fastest of an H100's sweep at hidden 4096
-and within 1% of it at 8192 (`gemv_tiles.py`)."""
-
 
 def _blocks(x: torch.Tensor) -> dict:
-    """The tile's constexprs and its warps: one row takes the no-MMA loop (BB 1), more rows the MMA's 16-row tile."""
     b, h = x.shape
     if b > MAX_BATCH:
         raise NotImplementedError(f"the fused chain holds at most {MAX_BATCH} rows a tile; got {b}")
-    gemv = b == 1
-    bn, bk = (BLOCK_N, GEMV_BLOCK_K if gemv else BLOCK_K)
-    if INTERPRET:  # the interpreter pays per step: few, large tiles
-        bn, bk = 64, 128
-    return {"BB": 1 if gemv else max(16, triton.next_power_of_2(b)), "BN": bn,
-            "BK": min(bk, max(16, triton.next_power_of_2(h))), "UPCAST": not x.is_cuda,
-            "num_warps": GEMV_WARPS if gemv else 4}
+    bn, bk = (64, 128) if INTERPRET else (BLOCK_N, BLOCK_K)  # the interpreter pays per step: few, large tiles
+    return {"BB": max(16, triton.next_power_of_2(b)), "BN": bn, "BK": min(bk, max(16, triton.next_power_of_2(h))),
+            "UPCAST": not x.is_cuda}
 
 
 # --- variant 6: one fused kernel a layer -----------------------------------------------------------
@@ -297,7 +250,7 @@ def fused(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     for layer in range(w.shape[0]):
         dst = bufs[layer % 2]
         _fused_layer_kernel[(triton.cdiv(h, meta["BN"]),)](src, dst, w[layer], g[layer], b, h, EPS,
-                                                           num_stages=3, **meta)
+                                                           num_warps=4, num_stages=3, **meta)
         src = dst
     return src
 
@@ -360,7 +313,7 @@ def persistent(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tenso
         state = _counters[x.device] = [torch.zeros(1, device=x.device, dtype=torch.int32), 0]
     buf = torch.empty((2, b, h), device=x.device, dtype=x.dtype)
     _persistent_kernel[(programs,)](x, buf, w, g, state[0], state[1], b, h, layers, EPS,
-                                    num_stages=3, **meta)
+                                    num_warps=4, num_stages=3, **meta)
     state[1] += (layers - 1) * programs
     return buf[(layers - 1) % 2]
 

@@ -34,10 +34,34 @@ from casebook.kernels import decode_chain as m
 
 
 @triton.jit
+def _gemv_sums(x_ptr, w_ptr, g_ptr, cols, col_ok, k_lo, k_hi, H, BN: tl.constexpr, BK: tl.constexpr):
+    # Over K in [k_lo, k_hi): the products of w's [BN, BK] tiles and x g (rounded to the weights' dtype, as the
+    # eager chain's norm output is) summed into an fp32 tile, one row sum at the end; and x's squares.
+    ks = tl.arange(0, BK)
+    sumsq = tl.zeros([BK], dtype=tl.float32)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        k = k0 + ks
+        k_ok = k < H
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        sumsq += xk * xk
+        xg = xk * tl.load(g_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        wk = tl.load(w_ptr + cols[:, None] * H + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += wk.to(tl.float32) * xg.to(wk.dtype).to(tl.float32)[None, :]
+    return tl.sum(acc, axis=1), tl.sum(sumsq)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, out_ptr, w_ptr, g_ptr, H, eps, BN: tl.constexpr, BK: tl.constexpr):
-    # Batch 1: out = x + silu(rmsnorm(x) g @ w^T) by the case's one-row tile (`decode_chain._gemv_tile`, which
-    # this exploration measured before it was the case's), one column tile a program.
-    m._gemv_tile(x_ptr, out_ptr, w_ptr, g_ptr, tl.program_id(0), H, eps, BN, BK)
+    # Batch 1: out = x + silu(rmsnorm(x) g @ w^T), as `_layer_tile` computes it (1/rms on the GEMV's output, the
+    # squares summed in the K loop) but with products and one row sum where it runs a 16-row MMA tile of which
+    # one row is x.
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    col_ok = cols < H
+    y, sumsq = _gemv_sums(x_ptr, w_ptr, g_ptr, cols, col_ok, 0, H, H, BN, BK)
+    y = y / tl.sqrt(sumsq / H + eps)
+    res = tl.load(x_ptr + cols, mask=col_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    tl.store(out_ptr + cols, (res + y * tl.sigmoid(y)).to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -48,7 +72,7 @@ def _gemv_splitk_kernel(x_ptr, part_ptr, sumsq_ptr, w_ptr, g_ptr, H, KCHUNK, BN:
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     col_ok = cols < H
     k_lo = tl.program_id(1) * KCHUNK
-    y, sumsq = m._gemv_sums(x_ptr, w_ptr, g_ptr, cols, col_ok, k_lo, k_lo + KCHUNK, H, BN, BK)
+    y, sumsq = _gemv_sums(x_ptr, w_ptr, g_ptr, cols, col_ok, k_lo, k_lo + KCHUNK, H, BN, BK)
     tl.atomic_add(part_ptr + cols, y, mask=col_ok, sem="relaxed")
     tl.atomic_add(sumsq_ptr, sumsq, mask=tl.program_id(0) == 0, sem="relaxed")
 
