@@ -21,8 +21,6 @@ The ladder (baseline: sdpa_flash, the library's flash kernel):
   triton_flash_tma the same tile loop with every tile moved by TMA (Hopper)
   triton_flash_ws  TMA plus Triton's automatic warp specialisation of the K/V loop (producer and consumer
                    warps), where the compiler splits the loop for the GPU: not on sm_90 with Triton 3.6-3.9
-  gluon_fa3        FlashAttention-3's recipe written out in Gluon (attention_fa3): a producer warp, two
-                   consumer warpgroups in ping-pong, each tile's softmax overlapped with its own last P V
 
 Shape: q [batch, heads, seq_q, head_dim]; k, v [batch, kv_heads, seq_kv, head_dim]; `mask` 1 = none,
 2 = causal (the queries the last seq_q tokens of the context: see attention_common).
@@ -99,7 +97,7 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tor
     return ac.flex(q, k, v, causal)
 
 
-# --- variants 7-10: the Triton flash forward, then its Hopper steps ----------------------------------
+# --- variants 7-9: the Triton flash forward, then its Hopper steps ----------------------------------
 
 
 def triton_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -116,15 +114,6 @@ def triton_flash_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """TMA, and the K/V loop warp-specialised (producer warps issue the loads, consumer warps the MMAs) where
     the installed Triton splits it for this GPU; NotImplementedError, with the compiler's answer, elsewhere."""
     return ac.flash_forward(q, k, v, causal, tma=True, warp_specialize=True)
-
-
-def gluon_fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """FA3's schedule by hand (attention_fa3): the warp specialisation the compiler does not do on sm_90.
-    Hopper alone, d 64 or 128, whole 128-row tiles, contiguous operands; NotImplementedError with the reason
-    elsewhere. Imported here, not at the top: Gluon's Hopper module is loaded only where the rung runs."""
-    from casebook.kernels import attention_fa3
-
-    return attention_fa3.forward(q, k, v, causal)
 
 
 # --- level 3: a transformer layer's attention block -------------------------------------------------

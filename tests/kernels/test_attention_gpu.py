@@ -87,8 +87,8 @@ FA3 = [(1, 32, 8, 1024, 1024, 128, 2), (2, 16, 16, 768, 768, 64, 1), (1, 32, 4, 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "in-series"])
 @pytest.mark.timeout(120, method="thread")  # a barrier phase gone wrong hangs in the driver: the worker is ended
 def test_fa3_forward_on_gpu(overlap, shape, dtype):
-    """The Gluon FA3-style forward (the gluon_fa3 rung runs it overlapped; in series is the exploration's
-    comparison) against float64 as the run judges a rung, on Hopper alone."""
+    """The Gluon FA3-style forward (not yet a rung: benchmarks/explore/attention/fa3_gluon.py times it) against
+    float64 as the run judges a rung, on Hopper alone."""
     from casebook.kernels import attention_fa3 as fa
     from casebook.kernels import attention_prefill as mod
 
