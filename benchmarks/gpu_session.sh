@@ -217,9 +217,9 @@ case "${1:-}" in
     # same warm machine goes on with the rest; one the call's time cut is not, and runs again from its start.
     # The default: those whose next reading is the H200's (the rest ran on an H100 and are in the notebooks), and
     # the decode split sweep, whose claim shape (8 x 32K) any Hopper card reads before the split count changes, and
-    # the norms' streamed one-pass forward (any Hopper card, in proportion to its copy)
+    # the norms' streamed one-pass forward and rmsnorm's lean backward (any Hopper card, in proportion to its copy)
     for entry in ${EXPLORE:-norm_backward/wide_rows.py cross_entropy/cluster_lean.py attention/decode_splits.py \
-                   rmsnorm/rows_stream.py}; do
+                   rmsnorm/rows_stream.py norm_backward/lean_rows.py}; do
       script=${entry%%:*}
       args=(); [ "$entry" != "$script" ] && IFS=: read -r -a args <<< "${entry#*:}"
       name=$(basename "$script" .py)$(printf '%s' "${args[@]}" | tr -c 'A-Za-z0-9_' '_')
