@@ -8,7 +8,8 @@
 # - The explorations waiting for a GPU (EXPLORE, default gpu_session.sh's list; EXPLORE= none), each once a
 #   machine, up to EXPLORE_S seconds a job: the next job on the same warm machine goes on with those left. Then,
 #   once a machine, the ncu readings of which resource binds (`gpu_session.sh bound`, up to BOUND_S seconds;
-#   BOUND=0: not), which issues 46 and 47 ask for: any Hopper card reads them.
+#   BOUND=0: not; BOUND_ONLY: which), which issues 46 and 47 ask for: on the H200 by default, elsewhere with
+#   BOUND=1 (an H100 has read every kernel of the list).
 # - On the machine the claims name (nvidia-h200): the book (`gpu_session.sh book`) until END seconds from the
 #   start, its results kept outside the copy (/tmp/cbresults), so the next job on the same warm machine leaves
 #   alone what this one stored. ORDER: the cases first in line (the ones without a current result on this
@@ -62,6 +63,7 @@ if [ "$slug" = nvidia-h200 ]; then
   order=${ORDER-attention_decode linear_cross_entropy attention_prefill gemm_tiled gemm_epilogue gemm_grouped decode_chain}
 else
   export EXPLORE_NCU=${EXPLORE_NCU-}  # the counters the explorations read under ncu wait for the H200's reading
+  BOUND=${BOUND:-0}  # every kernel of the bound list has an H100's reading in its notebook
   explore
   if [ "${BOOK_ANY:-0}" = 1 ]; then
     order=${ORDER-}
