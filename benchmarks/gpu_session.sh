@@ -93,6 +93,18 @@ pack_cache() {  # the cache, whole (Triton recompiles a kernel missing any file)
   fi
 }
 
+marked() {  # marked NAME: whether `run_once NAME` ended on this machine already
+  [ -e "/tmp/.explored-$1" ]
+}
+run_once() {  # run_once NAME LOG CMD...: CMD into LOG until $end, its exit code in $code; once a machine: one that
+              # ended (however it ended) is marked in /tmp, so the next call on the same warm machine goes on with
+              # the rest; one the call's time cut (timeout's 124) is not, and runs again from its start
+  local name=$1 log=$2
+  shift 2
+  timeout $((end - SECONDS)) "$@" > "$log" 2>&1
+  code=$?
+  [ $code = 124 ] || touch "/tmp/.explored-$name"
+}
 cost_of_kept() {  # cost_of_kept NAME: the softmax run kept last, its harness cost a point and its medians against
                   # the committed result
   local kept
@@ -213,9 +225,7 @@ case "${1:-}" in
     metrics=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum
     metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
     metrics=$metrics,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_shared_st.sum
-    # Each entry once a machine: one that ended (however it ended) is marked in /tmp, so the next call on the
-    # same warm machine goes on with the rest; one the call's time cut is not, and runs again from its start.
-    # The default: those whose next reading is the H200's (the rest ran on an H100 and are in the notebooks), and
+    # Each entry once a machine (`marked`, `run_once`). The default: those whose next reading is the H200's (the rest ran on an H100 and are in the notebooks), and
     # the decode split sweep, whose claim shape (8 x 32K) any Hopper card reads before the split count changes, and
     # the norms' streamed one-pass forward and rmsnorm's lean backward (any Hopper card, in proportion to its copy)
     for entry in ${EXPLORE:-norm_backward/wide_rows.py cross_entropy/cluster_lean.py attention/decode_splits.py \
@@ -223,11 +233,9 @@ case "${1:-}" in
       script=${entry%%:*}
       args=(); [ "$entry" != "$script" ] && IFS=: read -r -a args <<< "${entry#*:}"
       name=$(basename "$script" .py)$(printf '%s' "${args[@]}" | tr -c 'A-Za-z0-9_' '_')
-      [ -e "/tmp/.explored-$name" ] && continue
+      marked "$name" && continue
       [ $SECONDS -lt $((end - 30)) ] || { echo "$name: not run (the call's time is spent)"; continue; }
-      timeout $((end - SECONDS)) python3 "benchmarks/explore/$script" "${args[@]}" > "$out/logs/explore_$name.txt" 2>&1
-      code=$?
-      [ $code = 124 ] || touch "/tmp/.explored-$name"
+      run_once "$name" "$out/logs/explore_$name.txt" python3 "benchmarks/explore/$script" "${args[@]}"
       echo "$name: exit $code"; tail -4 "$out/logs/explore_$name.txt"
     done
     if [ -n "$ncu_bin" ]; then
@@ -235,11 +243,9 @@ case "${1:-}" in
       for script in ${EXPLORE_NCU-norm_backward/wide_rows.py rmsnorm/onepass_warps.py transpose/tma_boxes.py}; do
         [ $SECONDS -lt $((end - 60)) ] || break
         name=$(basename "$script" .py)
-        [ -e "/tmp/.explored-ncu-$name" ] && continue
-        timeout $((end - SECONDS)) "$ncu_bin" --clock-control none --metrics "$metrics" --csv \
-          python3 "benchmarks/explore/$script" --once > "$out/logs/ncu_$name.csv" 2>&1
-        code=$?
-        [ $code = 124 ] || touch "/tmp/.explored-ncu-$name"  # as above: one the call's time cut runs again
+        marked "ncu-$name" && continue
+        run_once "ncu-$name" "$out/logs/ncu_$name.csv" "$ncu_bin" --clock-control none --metrics "$metrics" --csv \
+          python3 "benchmarks/explore/$script" --once
         echo "ncu $name: exit $code"
       done
     fi ;;
